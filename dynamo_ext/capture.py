@@ -1,0 +1,191 @@
+"""Capture of attribute writes: snapshot, diff, restore.
+
+This is the compile-time half shared by both layers.  Around one traced op (the
+Dynamo layer) or one AOTAutograd tracing pass (the AOT layer), an instance's
+``__dict__`` is snapshotted, the writes made meanwhile are read off as
+``AttributeWrite`` records, and the instance can be put back exactly as it was,
+so the next tracing pass starts from the entry state (pytorch #130028, problem 1).
+
+It also decides which written values can be replayed exactly after a compiled
+call (``classify_value``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+
+class _Missing:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+#: Stands for "the attribute is absent" on either side of a write.
+MISSING: Any = _Missing()
+
+# Containers whose in-place mutation a snapshot can detect by value.
+_PLAIN_MUTABLE = (list, dict, set, bytearray)
+
+_SCALAR_CONSTANTS = (
+    int,
+    float,
+    complex,
+    bool,
+    str,
+    bytes,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+    enum.Enum,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttributeWrite:
+    """One attribute of one instance changed between two snapshots."""
+
+    name: str
+    old: Any  # MISSING when the attribute did not exist
+    new: Any  # MISSING when the attribute was deleted
+    in_place: bool = False  # the same container object was mutated
+
+    @property
+    def is_delete(self) -> bool:
+        return self.new is MISSING
+
+
+def _same_value(old: Any, new: Any) -> bool:
+    if old is new:
+        return True
+    if isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor):
+        return False
+    if type(old) is not type(new):
+        return False
+    try:
+        return bool(old == new)
+    except Exception:
+        return False
+
+
+def _contains_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_contains_tensor(v) for v in value)
+    if isinstance(value, dict):
+        return any(_contains_tensor(v) for v in value.values())
+    return False
+
+
+class InstanceSnapshot:
+    """The ``__dict__`` of one instance at one moment."""
+
+    __slots__ = ("obj", "entries", "_deep")
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+        self.entries = dict(obj.__dict__)
+        # Plain containers can be mutated in place without rebinding the
+        # attribute; keep a copy of their contents so that is not missed.
+        self._deep = {
+            k: copy.deepcopy(v)
+            for k, v in self.entries.items()
+            if isinstance(v, _PLAIN_MUTABLE) and not _contains_tensor(v)
+        }
+
+    def note_seeded(self, name: str, value: Any) -> None:
+        """An attribute was copied in from the real input: it is entry state, not a write."""
+        self.entries[name] = value
+        if isinstance(value, _PLAIN_MUTABLE) and not _contains_tensor(value):
+            self._deep[name] = copy.deepcopy(value)
+
+    def writes(self) -> list[AttributeWrite]:
+        now = self.obj.__dict__
+        out = []
+        for name, new in now.items():
+            old = self.entries.get(name, MISSING)
+            if old is new:
+                if name in self._deep and self._deep[name] != new:
+                    out.append(AttributeWrite(name, self._deep[name], new, in_place=True))
+                continue
+            if old is not MISSING and _same_value(old, new):
+                continue
+            out.append(AttributeWrite(name, old, new))
+        for name, old in self.entries.items():
+            if name not in now:
+                out.append(AttributeWrite(name, old, MISSING))
+        return out
+
+    def restore(self) -> None:
+        d = self.obj.__dict__
+        d.clear()
+        d.update(self.entries)
+        for name, contents in self._deep.items():
+            # An in-place mutation changed the container itself: put its contents back.
+            container = self.entries[name]
+            if container != contents:
+                if isinstance(container, dict):
+                    container.clear()
+                    container.update(copy.deepcopy(contents))
+                elif isinstance(container, set):
+                    container.clear()
+                    container.update(copy.deepcopy(contents))
+                else:
+                    container[:] = copy.deepcopy(contents)
+
+
+class ValueKind(enum.Enum):
+    CONSTANT = "constant"  # immutable, rebuilt by the residual bytecode
+    TENSOR = "tensor"
+    DELETE = "delete"
+    MUTABLE = "mutable"  # a fresh mutable object: eager identity cannot be replayed
+    OPAQUE = "opaque"  # an object the replay cannot rebuild
+
+
+def is_immutable_constant(value: Any) -> bool:
+    """Values the residual bytecode can rebuild exactly: immutable and tensor-free."""
+    if isinstance(value, _SCALAR_CONSTANTS):
+        return True
+    if isinstance(value, torch.Size):
+        return True
+    if isinstance(value, (tuple, frozenset)):
+        return all(is_immutable_constant(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        params = getattr(type(value), "__dataclass_params__", None)
+        return bool(params is not None and params.frozen) and all(
+            is_immutable_constant(getattr(value, f.name)) for f in dataclasses.fields(value)
+        )
+    return False
+
+
+def classify_value(value: Any) -> ValueKind:
+    if value is MISSING:
+        return ValueKind.DELETE
+    if isinstance(value, torch.Tensor):
+        return ValueKind.TENSOR
+    if is_immutable_constant(value):
+        return ValueKind.CONSTANT
+    if isinstance(value, _PLAIN_MUTABLE) or (
+        dataclasses.is_dataclass(value) and not isinstance(value, type)
+    ):
+        return ValueKind.MUTABLE
+    return ValueKind.OPAQUE
+
+
+def flatten_contract(obj: Any) -> tuple[list[str], Any]:
+    """``(inner tensor names, ctx)`` of a traceable wrapper subclass instance."""
+    return obj.__tensor_flatten__()
+
+
+def is_watched_type(value: Any) -> bool:
+    return is_traceable_wrapper_subclass(value)

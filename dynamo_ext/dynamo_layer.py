@@ -1,0 +1,423 @@
+"""Dynamo layer: make Dynamo record the writes ``__torch_dispatch__`` makes.
+
+Compile-time half of the primary path (see ../README.md, "How it works"):
+
+1. Around Dynamo's fake propagation of each op (``_get_fake_value_impl``), every
+   traceable wrapper subclass *graph input* among the op's arguments is watched:
+   its fake example value is snapshotted, reads of attributes the fake lacks are
+   answered from the real input (and guarded), and after the op the writes are
+   read off the fake.
+2. Each write is recorded with Dynamo's own ``SideEffects.store_attr`` right
+   after the op, so later user code in the frame reads the new value and Dynamo's
+   residual bytecode replays it after the graph (``STORE_ATTR``), exactly like a
+   user-level ``x.attr = v``.  A new tensor value is read off the traced input by
+   an FX node (``read_attr``), which makes it a graph output.
+3. Before the graph is compiled (``OutputGraph.compile_subgraph``) the fake
+   example values are restored to their entry state, so guards, shape-guard
+   production and AOTAutograd never see trace-time state.
+
+The run-time half is Dynamo's residual bytecode itself; nothing of ours runs per
+call.  Upstream request: pytorch #130028.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable, NoReturn
+
+import torch
+import torch.fx
+
+from . import config
+from .capture import (
+    MISSING,
+    AttributeWrite,
+    InstanceSnapshot,
+    ValueKind,
+    classify_value,
+    is_watched_type,
+)
+from .errors import RefusalKind, refuse
+
+log = logging.getLogger(__name__)
+
+_STATE_KEY = "_dynamo_ext_frame_state"
+
+
+# --------------------------------------------------------------------------- #
+# FX targets.  They run (a) during AOTAutograd's traces, on AOT's own instances,
+# and (b) at run time with backend="eager", on the real inputs.
+# --------------------------------------------------------------------------- #
+
+
+def read_attr(obj: Any, name: str) -> Any:
+    """Graph node for a tensor written into ``obj.name`` by ``__torch_dispatch__``."""
+    return getattr(obj, name)
+
+
+def seed_attr(obj: Any, name: str, value: Any) -> None:
+    """Give a traced instance the tensor attribute its real input has.
+
+    The attribute lies outside ``__tensor_flatten__``, so AOTAutograd's instances
+    (rebuilt by ``__tensor_unflatten__``) do not carry it; this node hands them the
+    graph input holding its value before the op that reads it.  On real inputs the
+    attribute is already there and this is a no-op.
+    """
+    if name not in obj.__dict__:
+        obj.__dict__[name] = value
+
+
+# --------------------------------------------------------------------------- #
+# Per-frame state (one per OutputGraph)
+# --------------------------------------------------------------------------- #
+
+
+class _Watched:
+    """A subclass graph input seen as an op argument."""
+
+    __slots__ = ("fake", "vt", "real", "source")
+
+    def __init__(self, fake: Any, vt: Any) -> None:
+        self.fake = fake
+        self.vt = vt
+        self.real = vt.as_proxy().node.meta["grapharg"].example
+        self.source = vt.source
+
+    @property
+    def cls_name(self) -> str:
+        return type(self.real).__name__
+
+
+class FrameState:
+    """What dynamo_ext changed while tracing one frame, so it can be undone."""
+
+    def __init__(self) -> None:
+        # Entry state of every fake example value we let dispatch write on.
+        self.originals: dict[int, InstanceSnapshot] = {}
+        self.guarded_reads: set[tuple[int, str]] = set()
+        self._by_fake: dict[int, Any] = {}
+        self._n_inputs = -1
+
+    def input_for_fake(self, output: Any, fake: Any) -> Any:
+        inputs = output.input_source_to_var
+        if len(inputs) != self._n_inputs:
+            self._by_fake = {}
+            for vt in inputs.values():
+                proxy = getattr(vt, "proxy", None)
+                if proxy is None:
+                    continue
+                ev = proxy.node.meta.get("example_value")
+                if ev is not None and "grapharg" in proxy.node.meta:
+                    self._by_fake[id(ev)] = vt
+            self._n_inputs = len(inputs)
+        return self._by_fake.get(id(fake))
+
+    def remember(self, fake: Any) -> None:
+        if id(fake) not in self.originals:
+            self.originals[id(fake)] = InstanceSnapshot(fake)
+
+    def restore_all(self) -> None:
+        for snap in self.originals.values():
+            snap.restore()
+
+
+def frame_state(output: Any) -> FrameState:
+    state = output.__dict__.get(_STATE_KEY)
+    if state is None:
+        state = FrameState()
+        output.__dict__[_STATE_KEY] = state
+        output.add_cleanup_hook(state.restore_all)
+    return state
+
+
+# --------------------------------------------------------------------------- #
+# Reads of state the fake lacks
+# --------------------------------------------------------------------------- #
+
+
+class _NeedsTensorSeed(BaseException):
+    """Dispatch read a tensor attribute the fake lacks: seed it, then re-run the op.
+
+    A BaseException so that neither the subclass's own ``except Exception`` nor
+    Dynamo's RuntimeError wrapping swallows it.
+    """
+
+    def __init__(self, watched: _Watched, name: str) -> None:
+        self.watched = watched
+        self.name = name
+
+
+class _RefusedRead(BaseException):
+    def __init__(self, watched: _Watched, name: str, value: Any) -> None:
+        self.watched = watched
+        self.name = name
+        self.value = value
+
+
+class _ReadLog:
+    """Answers reads of attributes the fake example values lack, from the real inputs.
+
+    Traceable subclasses rebuild fakes with ``__tensor_unflatten__``, which only
+    restores the flatten ctx; an attribute outside it (a call counter, a cache)
+    would be missing and dispatch would take another branch than in eager.  A
+    ``__getattr__`` is put on the subclass for the duration of one op; it only
+    sees attributes that normal lookup did not find.
+    """
+
+    def __init__(self, watched: list[_Watched], snaps: list[InstanceSnapshot]) -> None:
+        self._by_id = {id(w.fake): (w, s) for w, s in zip(watched, snaps)}
+        self.present: list[tuple[_Watched, str, Any]] = []
+        self.absent: list[tuple[_Watched, str]] = []
+        self._classes = {type(w.fake) for w in watched}
+        self._previous: dict[type, Any] = {}
+
+    def __enter__(self) -> "_ReadLog":
+        for cls in self._classes:
+            self._previous[cls] = cls.__dict__.get("__getattr__", MISSING)
+            cls.__getattr__ = self._make_hook(cls)  # type: ignore[attr-defined]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for cls, prev in self._previous.items():
+            if prev is MISSING:
+                del cls.__getattr__  # type: ignore[attr-defined]
+            else:
+                cls.__getattr__ = prev  # type: ignore[attr-defined]
+        self._previous.clear()
+
+    def _make_hook(self, cls: type) -> Callable[[Any, str], Any]:
+        prev = self._previous[cls]
+        log_ = self
+
+        def __getattr__(obj: Any, name: str) -> Any:
+            entry = log_._by_id.get(id(obj))
+            if entry is None or name.startswith("__"):
+                if prev is not MISSING:
+                    return prev(obj, name)
+                base = getattr(super(cls, obj), "__getattr__", None)
+                if base is not None:
+                    return base(name)
+                raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
+            return log_._answer(entry[0], entry[1], name)
+
+        return __getattr__
+
+    def _answer(self, w: _Watched, snap: InstanceSnapshot, name: str) -> Any:
+        real_dict = w.real.__dict__
+        if name not in real_dict:
+            self.absent.append((w, name))
+            raise AttributeError(f"{w.cls_name!r} object has no attribute {name!r}")
+        value = real_dict[name]
+        kind = classify_value(value)
+        if kind is ValueKind.TENSOR:
+            raise _NeedsTensorSeed(w, name)
+        if kind is not ValueKind.CONSTANT:
+            raise _RefusedRead(w, name, value)
+        w.fake.__dict__[name] = value
+        snap.note_seeded(name, value)
+        self.present.append((w, name, value))
+        return value
+
+    def install_guards(self, tx: Any, state: FrameState) -> None:
+        """Guard the compiled code on every real-input attribute dispatch looked at."""
+        from torch._dynamo.guards import GuardBuilder, install_guard
+        from torch._dynamo.source import AttrSource
+        from torch._dynamo.variables.builder import VariableBuilder
+        from torch._dynamo.variables.lazy import LazyVariableTracker
+
+        for w, name, value in self.present:
+            if (id(w.fake), name) in state.guarded_reads:
+                continue
+            state.guarded_reads.add((id(w.fake), name))
+            LazyVariableTracker.realize_all(VariableBuilder(tx, AttrSource(w.source, name))(value))
+        for w, name in self.absent:
+            if (id(w.fake), name) in state.guarded_reads:
+                continue
+            state.guarded_reads.add((id(w.fake), name))
+            install_guard(w.source.make_guard(functools.partial(GuardBuilder.HASATTR, attr=name)))
+
+
+def _seed_tensor(tx: Any, node: torch.fx.Node, w: _Watched, name: str) -> None:
+    """Make ``real.name`` a graph input and hand it to the traced instance before ``node``."""
+    from torch._dynamo.source import AttrSource
+    from torch._dynamo.variables.builder import VariableBuilder
+    from torch._dynamo.variables.lazy import LazyVariableTracker
+
+    if tx.output.current_tracer.parent is not None:
+        _refuse_read(w, name, w.real.__dict__[name], "tensor attribute read inside a higher-order op body")
+    vt = VariableBuilder(tx, AttrSource(w.source, name))(w.real.__dict__[name])
+    vt = LazyVariableTracker.realize_all(vt)
+    proxy = vt.as_proxy()
+    fake_value = proxy.node.meta["example_value"]
+    with node.graph.inserting_before(node):
+        seed = node.graph.call_function(seed_attr, (w.vt.as_proxy().node, name, proxy.node))
+    seed.meta["example_value"] = None
+    w.fake.__dict__[name] = fake_value
+
+
+def _refuse_read(w: _Watched, name: str, value: Any, context: str = "") -> NoReturn:
+    refuse(RefusalKind.UNSUPPORTED_STATE_READ, w.cls_name, name, type(value).__name__, context)
+
+
+# --------------------------------------------------------------------------- #
+# Recording writes with Dynamo's SideEffects
+# --------------------------------------------------------------------------- #
+
+
+def _constant_vt(tx: Any, value: Any) -> Any:
+    from torch._dynamo.source import GlobalSource
+    from torch._dynamo.variables import ConstantVariable
+    from torch._dynamo.variables.builder import SourcelessBuilder, VariableBuilder
+
+    if ConstantVariable.is_literal(value):
+        return ConstantVariable.create(value)
+    try:
+        vt = SourcelessBuilder.create(tx, value)
+        if vt.is_python_constant() and vt.as_python_constant() == value:
+            return vt
+    except Exception:  # SourcelessBuilder raises Unsupported for types it cannot build
+        pass
+    # Immutable objects Dynamo cannot build without a source (frozen dataclasses,
+    # some enums): replay them from a global holding the exact object.
+    name = tx.output.install_global_by_id("__dynamo_ext_value", value)
+    return VariableBuilder(tx, GlobalSource(name))(value)
+
+
+def _tensor_vt(tx: Any, state: FrameState, w: _Watched, write: AttributeWrite) -> Any:
+    from torch._dynamo.variables.builder import wrap_fx_proxy
+    from torch._subclasses.fake_tensor import is_fake
+
+    value = write.new
+    same = state.input_for_fake(tx.output, value)
+    if same is not None:
+        # An alias of a graph input (the input itself, one of its inner tensors):
+        # the residual bytecode loads it from its source, keeping identity.
+        return same
+    if not is_fake(value):
+        refuse(
+            RefusalKind.OPAQUE_VALUE,
+            w.cls_name,
+            write.name,
+            f"{type(value).__name__} (a real tensor not computed in the traced program)",
+        )
+    proxy = tx.output.create_proxy("call_function", read_attr, (w.vt.as_proxy(), write.name), {})
+    return wrap_fx_proxy(tx, proxy)
+
+
+def _record(tx: Any, state: FrameState, w: _Watched, writes: list[AttributeWrite]) -> None:
+    from torch._dynamo.variables.misc import DeletedVariable
+
+    if tx.output.current_tracer.parent is not None:
+        wr = writes[0]
+        refuse(RefusalKind.WRITE_IN_HOP, w.cls_name, wr.name, type(wr.new).__name__)
+    for wr in writes:
+        if wr.in_place:
+            refuse(RefusalKind.IN_PLACE_MUTATION, w.cls_name, wr.name, type(wr.new).__name__)
+    for wr in writes:
+        kind = classify_value(wr.new)
+        if kind is ValueKind.DELETE:
+            value_vt = DeletedVariable()
+        elif kind is ValueKind.CONSTANT:
+            value_vt = _constant_vt(tx, wr.new)
+        elif kind is ValueKind.TENSOR:
+            value_vt = _tensor_vt(tx, state, w, wr)
+        elif kind is ValueKind.MUTABLE:
+            refuse(RefusalKind.MUTABLE_VALUE, w.cls_name, wr.name, type(wr.new).__name__)
+        else:
+            refuse(RefusalKind.OPAQUE_VALUE, w.cls_name, wr.name, type(wr.new).__name__)
+        log.debug("write recorded: %s.%s <- %s", w.source.name, wr.name, type(wr.new).__name__)
+        tx.output.side_effects.store_attr(w.vt, wr.name, value_vt)
+
+
+# --------------------------------------------------------------------------- #
+# The two hooks
+# --------------------------------------------------------------------------- #
+
+
+def _watched_args(node: torch.fx.Node, tx: Any, state: FrameState) -> list[_Watched]:
+    watched: list[_Watched] = []
+    seen: set[int] = set()
+
+    def visit(arg: torch.fx.Node) -> torch.fx.Node:
+        ev = arg.meta.get("example_value")
+        if ev is not None and id(ev) not in seen and is_watched_type(ev):
+            seen.add(id(ev))
+            vt = state.input_for_fake(tx.output, ev)
+            if vt is not None and vt.source is not None:
+                watched.append(_Watched(ev, vt))
+        return arg
+
+    torch.fx.node.map_arg((node.args, node.kwargs), visit)
+    return watched
+
+
+def _has_subclass_arg(node: torch.fx.Node) -> bool:
+    found = False
+
+    def visit(arg: torch.fx.Node) -> torch.fx.Node:
+        nonlocal found
+        if not found and is_watched_type(arg.meta.get("example_value")):
+            found = True
+        return arg
+
+    torch.fx.node.map_arg((node.args, node.kwargs), visit)
+    return found
+
+
+def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``torch._dynamo.utils._get_fake_value_impl``."""
+
+    @functools.wraps(original)
+    def _get_fake_value_impl(node: torch.fx.Node, tx: Any, allow_non_graph_fake: bool = False) -> Any:
+        if not config.dynamo_layer or node.op == "placeholder" or not _has_subclass_arg(node):
+            return original(node, tx, allow_non_graph_fake)
+        if "example_value" in node.meta:  # original returns the cached value, runs nothing
+            return original(node, tx, allow_non_graph_fake)
+        state = frame_state(tx.output)
+        watched = _watched_args(node, tx, state)
+        if not watched:
+            return original(node, tx, allow_non_graph_fake)
+        for w in watched:
+            state.remember(w.fake)
+        while True:
+            snaps = [InstanceSnapshot(w.fake) for w in watched]
+            reads = _ReadLog(watched, snaps)
+            try:
+                with reads:
+                    result = original(node, tx, allow_non_graph_fake)
+            except _NeedsTensorSeed as need:
+                for s in snaps:
+                    s.restore()
+                _seed_tensor(tx, node, need.watched, need.name)
+                continue
+            except _RefusedRead as bad:
+                for s in snaps:
+                    s.restore()
+                _refuse_read(bad.watched, bad.name, bad.value)
+            except BaseException:
+                for s in snaps:
+                    s.restore()
+                raise
+            break
+        reads.install_guards(tx, state)
+        for w, snap in zip(watched, snaps):
+            writes = snap.writes()
+            if writes:
+                _record(tx, state, w, writes)
+        return result
+
+    return _get_fake_value_impl
+
+
+def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``OutputGraph.compile_subgraph``: restore the fakes first."""
+
+    @functools.wraps(original)
+    def compile_subgraph(self: Any, *args: Any, **kwargs: Any) -> Any:
+        state = self.__dict__.get(_STATE_KEY)
+        if state is not None:
+            state.restore_all()
+        return original(self, *args, **kwargs)
+
+    return compile_subgraph

@@ -1,0 +1,122 @@
+"""Refusals: writes dynamo_ext cannot replay exactly.
+
+A refusal is raised through Dynamo's own graph-break mechanism
+(``torch._dynamo.exc.unimplemented``), so that under ``fullgraph=True`` the
+user gets an ``Unsupported`` error and under ``fullgraph=False`` Dynamo breaks
+the graph before the op and runs it eagerly (eager semantics, the reason is in
+``torch._dynamo.explain``).  Every refusal has a stable ``kind``; the message
+names the subclass, the attribute, the value type, why, and what to do.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NoReturn
+
+
+class RefusalKind(str, enum.Enum):
+    #: A fresh mutable object (list, dict, set, non-frozen dataclass) was written.
+    MUTABLE_VALUE = "mutable_value"
+    #: An existing container attribute was mutated in place.
+    IN_PLACE_MUTATION = "in_place_mutation"
+    #: A value the residual bytecode cannot rebuild (arbitrary object, real tensor).
+    OPAQUE_VALUE = "opaque_value"
+    #: The write happened inside a higher-order-op body (cond, checkpoint, ...).
+    WRITE_IN_HOP = "write_in_hop"
+    #: Dispatch read an attribute of the real input that cannot be carried into the trace.
+    UNSUPPORTED_STATE_READ = "unsupported_state_read"
+    #: AOTAutograd's passes disagree with what Dynamo recorded.
+    INCONSISTENT_PASSES = "inconsistent_passes"
+
+    @property
+    def gb_type(self) -> str:
+        return f"dynamo_ext: {self.value}"
+
+
+_WHY = {
+    RefusalKind.MUTABLE_VALUE: (
+        "In eager the attribute then holds a new mutable object that later code may mutate "
+        "or share; the compiled program can only rebuild a copy after the graph, so identity "
+        "and later in-place changes would differ from eager."
+    ),
+    RefusalKind.IN_PLACE_MUTATION: (
+        "An existing container held by the attribute was mutated in place. The compiled "
+        "program replays attribute assignments only; an in-place change to a shared object "
+        "cannot be replayed exactly."
+    ),
+    RefusalKind.OPAQUE_VALUE: (
+        "The compiled program rebuilds written values after the graph. It can rebuild "
+        "immutable constants (numbers, strings, enums, dtypes, devices, tuples and frozen "
+        "dataclasses of these) and tensors computed in the graph, not this value."
+    ),
+    RefusalKind.WRITE_IN_HOP: (
+        "The write happened while tracing the body of a higher-order op (torch.cond, "
+        "activation checkpointing, ...). Such bodies may run a different number of times "
+        "than traced, so a write made there cannot be replayed once after the graph."
+    ),
+    RefusalKind.UNSUPPORTED_STATE_READ: (
+        "__torch_dispatch__ read an attribute of the input that is not part of "
+        "__tensor_flatten__ and whose value cannot be carried into the traced program."
+    ),
+    RefusalKind.INCONSISTENT_PASSES: (
+        "AOTAutograd traced the function several times and the attribute writes differed "
+        "between passes, so there is no single write to replay."
+    ),
+}
+
+_HINTS = {
+    RefusalKind.MUTABLE_VALUE: [
+        "Store an immutable value instead (a tuple instead of a list, a frozen dataclass).",
+        "Or list the state in the __tensor_flatten__ ctx as immutable values.",
+    ],
+    RefusalKind.IN_PLACE_MUTATION: [
+        "Assign a new immutable value (self.log = self.log + (item,)) instead of mutating.",
+    ],
+    RefusalKind.OPAQUE_VALUE: [
+        "Write an immutable constant or a tensor computed from the inputs instead.",
+        "A real tensor captured from outside the traced program cannot be replayed: "
+        "compute it inside __torch_dispatch__ or pass it in as an input.",
+    ],
+    RefusalKind.WRITE_IN_HOP: [
+        "Move the op that writes outside the higher-order op's body.",
+        "Or wrap the writing region with torch._dynamo.disable so it runs eagerly.",
+    ],
+    RefusalKind.UNSUPPORTED_STATE_READ: [
+        "Carry the state in __tensor_flatten__ (tensors as inner tensors, constants in ctx).",
+        "Or store an immutable constant or a tensor in that attribute.",
+    ],
+    RefusalKind.INCONSISTENT_PASSES: [
+        "Make the write depend only on the subclass's flatten state and the op's inputs.",
+    ],
+}
+
+
+def explain(kind: RefusalKind, cls_name: str, attr: str, value_type: str) -> str:
+    return (
+        f"{cls_name}.__torch_dispatch__ wrote attribute {attr!r} (value of type {value_type}) "
+        f"on a graph input, and dynamo_ext cannot replay it exactly. {_WHY[kind]}"
+    )
+
+
+def refuse(kind: RefusalKind, cls_name: str, attr: str, value_type: str, context: str = "") -> NoReturn:
+    """Raise a Dynamo graph break (``Unsupported``) for a write that cannot be replayed."""
+    from torch._dynamo.exc import unimplemented
+
+    unimplemented(
+        gb_type=kind.gb_type,
+        context=context or f"{cls_name}.{attr} <- {value_type}",
+        explanation=explain(kind, cls_name, attr, value_type),
+        hints=list(_HINTS[kind]),
+    )
+
+
+class SubclassWriteError(RuntimeError):
+    """A refused write outside Dynamo (AOTAutograd called directly)."""
+
+    def __init__(self, kind: RefusalKind, cls_name: str, attr: str, value_type: str, context: str = "") -> None:
+        self.kind = kind
+        hints = "\n".join(f"  - {h}" for h in _HINTS[kind])
+        msg = f"[{kind.gb_type}] {explain(kind, cls_name, attr, value_type)}\nHints:\n{hints}"
+        if context:
+            msg += f"\nDeveloper context: {context}"
+        super().__init__(msg)

@@ -1,0 +1,303 @@
+"""Wrapper subclasses whose ``__torch_dispatch__`` writes attributes on its inputs.
+
+``WritingTensor`` is a plain traceable wrapper subclass (inner tensor ``elem``,
+ctx = the values of ``CTX``).  Each test subclass sets ``CTX`` and overrides
+``on_op(func, first)``, which runs in dispatch before the op, on the first
+argument of the subclass type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import torch
+from torch.utils._pytree import tree_map_only
+
+aten = torch.ops.aten
+
+
+class WritingTensor(torch.Tensor):
+    CTX: tuple[str, ...] = ()
+
+    @staticmethod
+    def __new__(cls, elem, requires_grad=False, **attrs):
+        r = torch.Tensor._make_wrapper_subclass(
+            cls,
+            elem.shape,
+            strides=elem.stride(),
+            storage_offset=elem.storage_offset(),
+            dtype=elem.dtype,
+            device=elem.device,
+            requires_grad=requires_grad,
+        )
+        r.elem = elem
+        for name in cls.CTX:
+            setattr(r, name, cls.default(name))
+        for name, value in attrs.items():
+            setattr(r, name, value)
+        return r
+
+    @classmethod
+    def default(cls, name):
+        return 0
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.elem!r})"
+
+    def inner_names(self):
+        return ["elem"]
+
+    def __tensor_flatten__(self):
+        return self.inner_names(), tuple(getattr(self, n) for n in self.CTX)
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        r = cls(inner["elem"], **dict(zip(cls.CTX, ctx)))
+        for name, t in inner.items():
+            if name != "elem":
+                r.__dict__[name] = t
+        return r
+
+    @classmethod
+    def on_op(cls, func, first):
+        pass
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        first = next(
+            (a for a in list(args) + list(kwargs.values()) if isinstance(a, cls)),
+            None,
+        )
+        if first is not None:
+            cls.on_op(func, first)
+        ctx = {n: getattr(first, n) for n in cls.CTX} if first is not None else {}
+        u_args = tree_map_only(cls, lambda t: t.elem, args)
+        u_kwargs = tree_map_only(cls, lambda t: t.elem, kwargs)
+        out = func(*u_args, **u_kwargs)
+        if func in (aten.detach.default, aten.alias.default) or not isinstance(out, torch.Tensor):
+            if isinstance(out, torch.Tensor):
+                return cls(out, **ctx)
+            return out
+        return tree_map_only(torch.Tensor, lambda t: cls(t, **ctx), out)
+
+
+# ----------------------------------------------------------------- the issue's two
+
+
+class CounterTensor(WritingTensor):
+    """ctx = (tag,); every mul bumps tag."""
+
+    CTX = ("tag",)
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.tag += 1
+
+
+class GrowingCacheTensor(WritingTensor):
+    """``cache`` is listed in __tensor_flatten__ once set (the flatten list grows)."""
+
+    cache = None  # class default: instances start without a cache
+
+    def inner_names(self):
+        return ["elem", "cache"] if self.cache is not None else ["elem"]
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor and first.cache is None:
+            first.cache = first.elem * 2
+
+
+# ----------------------------------------------------------------- more kinds of write
+
+
+class CachingTensor(WritingTensor):
+    """Tensor cache outside the flatten contract."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor and getattr(first, "cache", None) is None:
+            first.cache = first.elem * 2
+
+
+class CallCounter(WritingTensor):
+    """Plain __dict__ counter outside the flatten contract."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.calls = getattr(first, "calls", 0) + 1
+
+
+class Mode(enum.Enum):
+    COLD = 1
+    WARM = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    n: int
+    name: str
+
+
+class ConstantsTensor(WritingTensor):
+    """Writes one constant of each replayable kind, all in the flatten ctx."""
+
+    CTX = ("i", "f", "s", "b", "n", "e", "tup", "dt", "dev", "size", "dc")
+
+    @classmethod
+    def default(cls, name):
+        return None
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.i = 3
+            first.f = 0.5
+            first.s = "seen"
+            first.b = True
+            first.n = None
+            first.e = Mode.WARM
+            first.tup = (1, "a", (2.0, None))
+            first.dt = torch.float16
+            first.dev = torch.device("cpu")
+            first.size = torch.Size([2, 3])
+            first.dc = Stats(7, "x")
+
+
+class OutOfCtxConstants(WritingTensor):
+    """Same constants, outside the ctx (plain __dict__)."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.mode = Mode.COLD
+            first.last_dtype = first.elem.dtype
+            first.summary = Stats(1, "mul")
+
+
+class LastWinsTensor(WritingTensor):
+    """Several writes of one attribute in one graph, from several ops."""
+
+    CTX = ("tag",)
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.tag = first.tag * 10 + 1
+        elif func is aten.add.Tensor:
+            first.tag = first.tag * 10 + 2
+
+
+class ReadBackTensor(WritingTensor):
+    """A later op's result depends on what an earlier op wrote."""
+
+    CTX = ("scale",)
+
+    @classmethod
+    def default(cls, name):
+        return 1
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.scale = first.scale + 1
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func is aten.add.Tensor:
+            first = next(a for a in args if isinstance(a, cls))
+            return cls(out.elem * first.scale, scale=first.scale)
+        return out
+
+
+class IntermediateCacheTensor(WritingTensor):
+    """Caches an intermediate of the op (its output), not derived from elem alone."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func is aten.mul.Tensor:
+            first = next(a for a in args if isinstance(a, cls))
+            first.last_out = out.elem.sin()
+        return out
+
+
+class AliasTensor(WritingTensor):
+    """Writes aliases: the inner tensor, the instance itself; then resets to None."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.inner_alias = first.elem
+            first.me = first
+            first.gone = None
+        elif func is aten.add.Tensor:
+            first.__dict__.pop("cache", None)
+
+
+class ResetTensor(WritingTensor):
+    """Resets an existing tensor attribute to None."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.cache = None
+
+
+class TwoInputTensor(WritingTensor):
+    """Writes on every subclass argument, not only the first."""
+
+    CTX = ("seen",)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is aten.mul.Tensor:
+            for i, a in enumerate(args):
+                if isinstance(a, cls):
+                    a.seen = a.seen + 1 + i
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class QuietTensor(WritingTensor):
+    """Writes nothing: the unused path."""
+
+    CTX = ("tag",)
+
+
+# ----------------------------------------------------------------- refused kinds
+
+
+class ListWriter(WritingTensor):
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.history = [1, 2]
+
+
+class InPlaceWriter(WritingTensor):
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.log.append("mul")
+
+
+class OpaqueWriter(WritingTensor):
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.handle = object()
+
+
+GLOBAL_REAL = torch.ones(4)
+
+
+class RealTensorWriter(WritingTensor):
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.borrowed = GLOBAL_REAL
