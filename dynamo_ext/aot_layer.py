@@ -10,8 +10,8 @@ NoneType``.  This layer wraps the function AOTAutograd traces (the
 ``functional_call`` built by ``prepare_aot_module_simplified``) so that each pass:
 
 - starts with the instance state of the real inputs (attributes outside the
-  flatten ctx that ``__tensor_unflatten__`` cannot restore, immutable constants
-  only; tensors arrive through ``dynamo_layer.seed_attr`` graph nodes), and
+  flatten ctx that ``__tensor_unflatten__`` cannot restore: constants, and copies
+  of plain containers; tensors arrive through ``dynamo_layer.seed_attr`` graph nodes), and
 - ends with the instances restored exactly as they were before the pass.
 
 The writes themselves are replayed by the Dynamo layer's residual bytecode; the
@@ -23,15 +23,19 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Sequence
 
+import torch
+
 from . import config
-from .capture import InstanceSnapshot, is_immutable_constant, is_watched_type
+from .capture import MISSING, InstanceSnapshot, is_watched_type, seed_copy
 
 
 def _seed_constants(traced: Any, real: Any) -> None:
     mine = traced.__dict__
     for name, value in real.__dict__.items():
-        if name not in mine and is_immutable_constant(value):
-            mine[name] = value
+        if name not in mine and not isinstance(value, torch.Tensor):
+            copied = seed_copy(value)
+            if copied is not MISSING:
+                mine[name] = copied
 
 
 def guard_tracing_pass(functional_call: Callable[..., Any], real_inputs: Sequence[Any]) -> Callable[..., Any]:

@@ -182,9 +182,18 @@ def classify_value(value: Any) -> ValueKind:
     return ValueKind.OPAQUE
 
 
-def flatten_contract(obj: Any) -> tuple[list[str], Any]:
-    """``(inner tensor names, ctx)`` of a traceable wrapper subclass instance."""
-    return obj.__tensor_flatten__()
+def seed_copy(value: Any) -> Any:
+    """The copy of a real input's non-tensor attribute that a traced instance gets.
+
+    Immutable constants are shared; plain containers of constants are deep-copied
+    so a trace cannot mutate the real input.  Anything else returns ``MISSING``:
+    it cannot be carried into a trace.
+    """
+    if is_immutable_constant(value):
+        return value
+    if isinstance(value, _PLAIN_MUTABLE) and not _contains_tensor(value):
+        return copy.deepcopy(value)
+    return MISSING
 
 
 def is_watched_type(value: Any) -> bool:

@@ -37,6 +37,7 @@ from .capture import (
     ValueKind,
     classify_value,
     is_watched_type,
+    seed_copy,
 )
 from .errors import RefusalKind, refuse
 
@@ -149,10 +150,37 @@ class _NeedsTensorSeed(BaseException):
 
 
 class _RefusedRead(BaseException):
-    def __init__(self, watched: _Watched, name: str, value: Any) -> None:
+    def __init__(self, watched: _Watched, name: str, value: Any, direct_dict: bool = False) -> None:
         self.watched = watched
         self.name = name
         self.value = value
+        self.direct_dict = direct_dict
+
+
+class _DirectDictAccess(dict):
+    """The traced instance's ``__dict__`` while the real input has attributes it lacks.
+
+    Attribute syntax (``getattr``, ``hasattr``) reaches ``_ReadLog``'s hook; code
+    that reads ``__dict__`` itself would silently see the trace's partial state
+    instead, so any such read is refused.  Stores through attribute syntax use
+    the C-level dict API and are not affected.
+    """
+
+    def __init__(self, entries: dict, watched: "_Watched", hidden: str) -> None:
+        super().__init__(entries)
+        self._watched = watched
+        self._hidden = hidden
+
+    def plain(self) -> dict:
+        # dict's own C methods: the overrides below would refuse (and dict(self)
+        # goes through keys() on a subclass).
+        return {k: dict.__getitem__(self, k) for k in dict.__iter__(self)}
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise _RefusedRead(self._watched, self._hidden, self._watched.real.__dict__[self._hidden], direct_dict=True)
+
+    __getitem__ = __contains__ = __iter__ = __len__ = _refuse
+    get = pop = setdefault = keys = items = values = copy = popitem = _refuse
 
 
 class _ReadLog:
@@ -176,9 +204,16 @@ class _ReadLog:
         for cls in self._classes:
             self._previous[cls] = cls.__dict__.get("__getattr__", MISSING)
             cls.__getattr__ = self._make_hook(cls)  # type: ignore[attr-defined]
+        for w, _ in self._by_id.values():
+            hidden = w.real.__dict__.keys() - w.fake.__dict__.keys()
+            if hidden:
+                w.fake.__dict__ = _DirectDictAccess(w.fake.__dict__, w, sorted(hidden)[0])
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        for w, _ in self._by_id.values():
+            if type(w.fake.__dict__) is _DirectDictAccess:
+                w.fake.__dict__ = w.fake.__dict__.plain()
         for cls, prev in self._previous.items():
             if prev is MISSING:
                 del cls.__getattr__  # type: ignore[attr-defined]
@@ -209,15 +244,15 @@ class _ReadLog:
             self.absent.append((w, name))
             raise AttributeError(f"{w.cls_name!r} object has no attribute {name!r}")
         value = real_dict[name]
-        kind = classify_value(value)
-        if kind is ValueKind.TENSOR:
+        if isinstance(value, torch.Tensor):
             raise _NeedsTensorSeed(w, name)
-        if kind is not ValueKind.CONSTANT:
+        seeded = seed_copy(value)
+        if seeded is MISSING:
             raise _RefusedRead(w, name, value)
-        w.fake.__dict__[name] = value
-        snap.note_seeded(name, value)
+        w.fake.__dict__[name] = seeded
+        snap.note_seeded(name, seeded)
         self.present.append((w, name, value))
-        return value
+        return seeded
 
     def install_guards(self, tx: Any, state: FrameState) -> None:
         """Guard the compiled code on every real-input attribute dispatch looked at."""
@@ -306,8 +341,6 @@ def _tensor_vt(tx: Any, state: FrameState, w: _Watched, write: AttributeWrite) -
 
 
 def _record(tx: Any, state: FrameState, w: _Watched, writes: list[AttributeWrite]) -> None:
-    from torch._dynamo.variables.misc import DeletedVariable
-
     if tx.output.current_tracer.parent is not None:
         wr = writes[0]
         refuse(RefusalKind.WRITE_IN_HOP, w.cls_name, wr.name, type(wr.new).__name__)
@@ -317,7 +350,7 @@ def _record(tx: Any, state: FrameState, w: _Watched, writes: list[AttributeWrite
     for wr in writes:
         kind = classify_value(wr.new)
         if kind is ValueKind.DELETE:
-            value_vt = DeletedVariable()
+            refuse(RefusalKind.DELETED_ATTRIBUTE, w.cls_name, wr.name, type(wr.old).__name__)
         elif kind is ValueKind.CONSTANT:
             value_vt = _constant_vt(tx, wr.new)
         elif kind is ValueKind.TENSOR:
@@ -394,6 +427,14 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             except _RefusedRead as bad:
                 for s in snaps:
                     s.restore()
+                if bad.direct_dict:
+                    _refuse_read(
+                        bad.watched,
+                        bad.name,
+                        bad.value,
+                        "__torch_dispatch__ read the instance __dict__ directly while the input has "
+                        f"attributes outside __tensor_flatten__ (e.g. {bad.name!r}); use getattr/hasattr",
+                    )
                 _refuse_read(bad.watched, bad.name, bad.value)
             except BaseException:
                 for s in snaps:

@@ -25,6 +25,8 @@ class RefusalKind(str, enum.Enum):
     WRITE_IN_HOP = "write_in_hop"
     #: Dispatch read an attribute of the real input that cannot be carried into the trace.
     UNSUPPORTED_STATE_READ = "unsupported_state_read"
+    #: An attribute was deleted (``del self.attr``).
+    DELETED_ATTRIBUTE = "deleted_attribute"
     #: AOTAutograd's passes disagree with what Dynamo recorded.
     INCONSISTENT_PASSES = "inconsistent_passes"
 
@@ -58,6 +60,10 @@ _WHY = {
         "__torch_dispatch__ read an attribute of the input that is not part of "
         "__tensor_flatten__ and whose value cannot be carried into the traced program."
     ),
+    RefusalKind.DELETED_ATTRIBUTE: (
+        "Dynamo's residual bytecode in torch 2.13 replays attribute deletions only on "
+        "plain Python objects, not on tensor inputs, so the deletion would be lost."
+    ),
     RefusalKind.INCONSISTENT_PASSES: (
         "AOTAutograd traced the function several times and the attribute writes differed "
         "between passes, so there is no single write to replay."
@@ -84,6 +90,9 @@ _HINTS = {
     RefusalKind.UNSUPPORTED_STATE_READ: [
         "Carry the state in __tensor_flatten__ (tensors as inner tensors, constants in ctx).",
         "Or store an immutable constant or a tensor in that attribute.",
+    ],
+    RefusalKind.DELETED_ATTRIBUTE: [
+        "Reset the attribute to None instead of deleting it.",
     ],
     RefusalKind.INCONSISTENT_PASSES: [
         "Make the write depend only on the subclass's flatten state and the op's inputs.",

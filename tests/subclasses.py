@@ -146,7 +146,7 @@ class Stats:
 class ConstantsTensor(WritingTensor):
     """Writes one constant of each replayable kind, all in the flatten ctx."""
 
-    CTX = ("i", "f", "s", "b", "n", "e", "tup", "dt", "dev", "size", "dc")
+    CTX = ("i", "f", "s", "b", "n", "e", "tup", "dt", "dev", "sz", "dc")
 
     @classmethod
     def default(cls, name):
@@ -164,7 +164,7 @@ class ConstantsTensor(WritingTensor):
             first.tup = (1, "a", (2.0, None))
             first.dt = torch.float16
             first.dev = torch.device("cpu")
-            first.size = torch.Size([2, 3])
+            first.sz = torch.Size([2, 3])
             first.dc = Stats(7, "x")
 
 
@@ -228,7 +228,7 @@ class IntermediateCacheTensor(WritingTensor):
 
 
 class AliasTensor(WritingTensor):
-    """Writes aliases: the inner tensor, the instance itself; then resets to None."""
+    """Writes aliases: the inner tensor, the instance itself; and None."""
 
     @classmethod
     def on_op(cls, func, first):
@@ -236,8 +236,6 @@ class AliasTensor(WritingTensor):
             first.inner_alias = first.elem
             first.me = first
             first.gone = None
-        elif func is aten.add.Tensor:
-            first.__dict__.pop("cache", None)
 
 
 class ResetTensor(WritingTensor):
@@ -301,3 +299,19 @@ class RealTensorWriter(WritingTensor):
     def on_op(cls, func, first):
         if func is aten.mul.Tensor:
             first.borrowed = GLOBAL_REAL
+
+
+class DirectDictReader(WritingTensor):
+    """Reads state through ``__dict__`` instead of attribute syntax."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.seen = first.__dict__.get("seen", 0) + 1
+
+
+class DeleteWriter(WritingTensor):
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor and hasattr(first, "cache"):
+            del first.cache

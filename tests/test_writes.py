@@ -1,0 +1,157 @@
+"""Differential tests: dispatch writes on graph inputs survive torch.compile as in eager."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import pytest
+import torch
+
+import subclasses as S
+from harness import differential, stock_torch
+
+
+def one(cls, **attrs):
+    return lambda: [cls(torch.arange(4.0) + 1, **attrs)]
+
+
+def two(cls):
+    return lambda: [cls(torch.arange(4.0) + 1), cls(torch.arange(4.0) - 2)]
+
+
+def mul3(x):
+    return x * 3
+
+
+def mul_then_add(x):
+    return x * 2, x + 1
+
+
+def mul_twice(x):
+    return x * 2, x * 3
+
+
+def mul_xy(x, y):
+    return x * y
+
+
+def tag_after_op(x):
+    y = x * 3
+    return y, x.tag
+
+
+def cache_after_op(x):
+    y = x * 3
+    return y, x.cache + 1
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    fn: Callable[..., Any]
+    make: Callable[[], list]
+    calls: int
+    frames: int  # expected compiled frames over all calls (recompiles eager semantics need)
+    graph_break: bool = False
+
+    def __str__(self) -> str:
+        return self.name
+
+
+CASES = [
+    # ctx constant that changes every call: the ctx guard recompiles each call.
+    Case("ctx_counter", mul3, one(S.CounterTensor), calls=3, frames=3),
+    # flatten list grows once the cache is set: one recompile, then stable.
+    Case("growing_flatten_cache", mul3, one(S.GrowingCacheTensor), calls=3, frames=2),
+    # tensor cache outside the flatten contract: second call sees it (guarded).
+    Case("cache_outside_ctx", mul3, one(S.CachingTensor), calls=3, frames=2),
+    # __dict__ counter outside the ctx: read by dispatch, so guarded per value.
+    Case("dict_counter", mul3, one(S.CallCounter), calls=3, frames=3),
+    Case("ctx_constants_all_kinds", mul3, one(S.ConstantsTensor), calls=2, frames=2),
+    # written but never read by dispatch: no guard, no recompile.
+    Case("dict_constants_unread", mul3, one(S.OutOfCtxConstants), calls=3, frames=1),
+    Case("last_write_wins", mul_then_add, one(S.LastWinsTensor), calls=1, frames=1),
+    Case("later_op_reads_write", mul_then_add, one(S.ReadBackTensor), calls=2, frames=2),
+    Case("intermediate_cache", mul3, one(S.IntermediateCacheTensor), calls=2, frames=1),
+    Case("aliases_and_none", mul_then_add, one(S.AliasTensor, cache=7), calls=2, frames=1),
+    Case("reset_tensor_to_none", mul3, lambda: [S.ResetTensor(torch.ones(4), cache=torch.zeros(4))], calls=2, frames=1),
+    Case("two_inputs", mul_xy, two(S.TwoInputTensor), calls=2, frames=2),
+    Case("same_input_several_ops", mul_twice, one(S.CounterTensor), calls=2, frames=2),
+    Case("user_reads_tag_after_op", tag_after_op, one(S.CounterTensor), calls=2, frames=2),
+    Case("user_reads_cache_after_op", cache_after_op, one(S.CachingTensor), calls=2, frames=2),
+]
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breakable"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_matches_eager(case, backend, fullgraph):
+    outcome = differential(case.fn, case.make, backend=backend, fullgraph=fullgraph, calls=case.calls)
+    assert outcome.frames == case.frames
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("cls", [S.CounterTensor, S.CachingTensor, S.GrowingCacheTensor, S.CallCounter])
+def test_fresh_input_gets_eager_state(cls, backend):
+    """No trace-time state leaks from one compiled call into another input."""
+    differential(mul3, one(cls), backend=backend, calls=3, fresh_inputs_each_call=True)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_write_before_graph_break_read_after(backend):
+    def fn(x):
+        y = x * 3
+        torch._dynamo.graph_break()
+        return y + x.tag, x.cache * 1 if hasattr(x, "cache") else None
+
+    class Both(S.CounterTensor):
+        @classmethod
+        def on_op(cls, func, first):
+            super().on_op(func, first)
+            if func is torch.ops.aten.mul.Tensor:
+                first.cache = first.elem + 10
+
+    outcome = differential(fn, one(Both), backend=backend, fullgraph=False, calls=2)
+    assert outcome.frames == 4  # 2 graphs per call; the tag changes every call
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("cls", [S.CounterTensor, S.CachingTensor, S.CallCounter])
+def test_requires_grad_forward_writes_and_grads(cls, backend):
+    def fn(x):
+        return (x * 3).sum() * 2
+
+    differential(fn, lambda: [cls(torch.arange(4.0) + 1, requires_grad=True)], backend=backend, calls=2, backward=True)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_dynamic_shapes(backend):
+    outcome = differential(mul3, one(S.ConstantsTensor), backend=backend, calls=2, dynamic=True)
+    assert outcome.frames == 2
+
+
+# ----------------------------------------------------------------- the issue's two failures
+
+
+def test_regression_counter_write_lost_on_stock_aot_eager():
+    """Stock torch 2.13 silently drops ``first.tag += 1``; with dynamo_ext it is kept."""
+    with stock_torch():
+        x = S.CounterTensor(torch.arange(4.0))
+        torch.compile(mul3, backend="aot_eager", fullgraph=True)(x)
+        assert x.tag == 0  # the write is lost on stock: this is the bug
+    x = S.CounterTensor(torch.arange(4.0))
+    torch.compile(mul3, backend="aot_eager", fullgraph=True)(x)
+    assert x.tag == 1
+
+
+def test_regression_growing_flatten_expected_fake_tensor():
+    """Stock: ``expected FakeTensor for arg, got NoneType``; with dynamo_ext: eager's cache."""
+    with stock_torch():
+        x = S.GrowingCacheTensor(torch.arange(4.0))
+        with pytest.raises(Exception, match="expected FakeTensor for arg"):
+            torch.compile(mul3, backend="aot_eager", fullgraph=True)(x)
+    x = S.GrowingCacheTensor(torch.arange(4.0))
+    torch.compile(mul3, backend="aot_eager", fullgraph=True)(x)
+    assert type(x.cache) is torch.Tensor
+    torch.testing.assert_close(x.cache, torch.arange(4.0) * 2)
