@@ -77,6 +77,7 @@ def enable() -> None:
 def disable() -> None:
     """Undo every patch, restoring the exact original torch objects. Idempotent."""
     _PATCHES.undo()
+    dynamo_layer.release_dispatch_frames()
 
 
 def is_enabled() -> bool:

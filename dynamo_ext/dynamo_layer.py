@@ -103,11 +103,13 @@ class FrameState:
     def input_for_fake(self, output: Any, fake: Any) -> Any:
         inputs = output.input_source_to_var
         if len(inputs) != self._n_inputs:
+            from torch._dynamo.variables import TensorVariable
+
             self._by_fake = {}
             for vt in inputs.values():
-                proxy = getattr(vt, "proxy", None)
-                if proxy is None:
+                if not isinstance(vt, TensorVariable):
                     continue
+                proxy = vt.proxy
                 ev = proxy.node.meta.get("example_value")
                 if ev is not None and "grapharg" in proxy.node.meta:
                     self._by_fake[id(ev)] = vt
@@ -291,8 +293,41 @@ def _seed_tensor(tx: Any, node: torch.fx.Node, w: _Watched, name: str) -> None:
     w.fake.__dict__[name] = fake_value
 
 
+def _refuse(kind: RefusalKind, w: _Watched, attr: str, value_type: str, context: str = "") -> NoReturn:
+    """Refuse a write or read on ``w`` (a graph break, or an error under fullgraph=True).
+
+    After the graph break the op runs eagerly from the user's frame, and Dynamo
+    would try to compile the subclass's ``__torch_dispatch__`` frame itself (and
+    the functions it calls), on the real input, where the same state problem
+    comes back under a stock error.  Dispatch frames are run eagerly instead,
+    recursively, which is what the graph break means.
+    """
+    from torch._dynamo.eval_frame import set_code_exec_strategy
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+    dispatch = getattr(type(w.real).__torch_dispatch__, "__func__", None)
+    code = getattr(dispatch, "__code__", None)
+    if code is not None:
+        set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+        _EAGER_DISPATCH_CODES.add(code)
+    refuse(kind, w.cls_name, attr, value_type, context)
+
+
+_EAGER_DISPATCH_CODES: set[Any] = set()
+
+
+def release_dispatch_frames() -> None:
+    """Undo ``_refuse``'s run-eagerly marks (``dynamo_ext.disable()`` calls this)."""
+    from torch._dynamo.eval_frame import set_code_exec_strategy
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+    while _EAGER_DISPATCH_CODES:
+        code = _EAGER_DISPATCH_CODES.pop()
+        set_code_exec_strategy(code, FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT))
+
+
 def _refuse_read(w: _Watched, name: str, value: Any, context: str = "") -> NoReturn:
-    refuse(RefusalKind.UNSUPPORTED_STATE_READ, w.cls_name, name, type(value).__name__, context)
+    _refuse(RefusalKind.UNSUPPORTED_STATE_READ, w, name, type(value).__name__, context)
 
 
 # --------------------------------------------------------------------------- #
@@ -330,9 +365,9 @@ def _tensor_vt(tx: Any, state: FrameState, w: _Watched, write: AttributeWrite) -
         # the residual bytecode loads it from its source, keeping identity.
         return same
     if not is_fake(value):
-        refuse(
+        _refuse(
             RefusalKind.OPAQUE_VALUE,
-            w.cls_name,
+            w,
             write.name,
             f"{type(value).__name__} (a real tensor not computed in the traced program)",
         )
@@ -343,22 +378,22 @@ def _tensor_vt(tx: Any, state: FrameState, w: _Watched, write: AttributeWrite) -
 def _record(tx: Any, state: FrameState, w: _Watched, writes: list[AttributeWrite]) -> None:
     if tx.output.current_tracer.parent is not None:
         wr = writes[0]
-        refuse(RefusalKind.WRITE_IN_HOP, w.cls_name, wr.name, type(wr.new).__name__)
+        _refuse(RefusalKind.WRITE_IN_HOP, w, wr.name, type(wr.new).__name__)
     for wr in writes:
         if wr.in_place:
-            refuse(RefusalKind.IN_PLACE_MUTATION, w.cls_name, wr.name, type(wr.new).__name__)
+            _refuse(RefusalKind.IN_PLACE_MUTATION, w, wr.name, type(wr.new).__name__)
     for wr in writes:
         kind = classify_value(wr.new)
         if kind is ValueKind.DELETE:
-            refuse(RefusalKind.DELETED_ATTRIBUTE, w.cls_name, wr.name, type(wr.old).__name__)
+            _refuse(RefusalKind.DELETED_ATTRIBUTE, w, wr.name, type(wr.old).__name__)
         elif kind is ValueKind.CONSTANT:
             value_vt = _constant_vt(tx, wr.new)
         elif kind is ValueKind.TENSOR:
             value_vt = _tensor_vt(tx, state, w, wr)
         elif kind is ValueKind.MUTABLE:
-            refuse(RefusalKind.MUTABLE_VALUE, w.cls_name, wr.name, type(wr.new).__name__)
+            _refuse(RefusalKind.MUTABLE_VALUE, w, wr.name, type(wr.new).__name__)
         else:
-            refuse(RefusalKind.OPAQUE_VALUE, w.cls_name, wr.name, type(wr.new).__name__)
+            _refuse(RefusalKind.OPAQUE_VALUE, w, wr.name, type(wr.new).__name__)
         log.debug("write recorded: %s.%s <- %s", w.source.name, wr.name, type(wr.new).__name__)
         tx.output.side_effects.store_attr(w.vt, wr.name, value_vt)
 
