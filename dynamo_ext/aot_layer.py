@@ -7,15 +7,13 @@ again in each pass and writes on those instances; right after the pass
 AOTAutograd re-flattens them (``has_metadata_mutation``) and a flatten list that
 grew (a cache listed once set) fails with ``expected FakeTensor for arg, got
 NoneType``.  This layer wraps the function AOTAutograd traces (the
-``functional_call`` built by ``prepare_aot_module_simplified``) so that each pass:
+``functional_call`` built by ``prepare_aot_module_simplified``) so that each pass
+ends with the instances restored exactly as they were before it.
 
-- starts with the instance state of the real inputs (attributes outside the
-  flatten ctx that ``__tensor_unflatten__`` cannot restore: constants, and copies
-  of plain containers; tensors arrive through ``dynamo_layer.seed_attr`` graph nodes), and
-- ends with the instances restored exactly as they were before the pass.
-
-The writes themselves are replayed by the Dynamo layer's residual bytecode; the
-values of new tensor attributes leave the graph through ``read_attr`` outputs.
+State outside the flatten ctx that dispatch reads reaches each pass through the
+Dynamo layer's ``seed_attr`` graph nodes; the writes themselves are replayed by
+the Dynamo layer's residual bytecode, and new tensor attributes leave the graph
+through ``read_attr`` outputs.
 """
 
 from __future__ import annotations
@@ -23,34 +21,22 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Sequence
 
-import torch
-
 from . import config
-from .capture import MISSING, InstanceSnapshot, is_watched_type, seed_copy
-
-
-def _seed_constants(traced: Any, real: Any) -> None:
-    mine = traced.__dict__
-    for name, value in real.__dict__.items():
-        if name not in mine and not isinstance(value, torch.Tensor):
-            copied = seed_copy(value)
-            if copied is not MISSING:
-                mine[name] = copied
+from .capture import InstanceSnapshot, is_watched_type
 
 
 def guard_tracing_pass(functional_call: Callable[..., Any], real_inputs: Sequence[Any]) -> Callable[..., Any]:
-    """Wrap the traced function: seed each pass's instances, restore them after."""
-    pairs = [(i, r) for i, r in enumerate(real_inputs) if is_watched_type(r)]
-    if not pairs:
+    """Wrap the traced function so each pass restores the instances it was given."""
+    watched = [i for i, r in enumerate(real_inputs) if is_watched_type(r)]
+    if not watched:
         return functional_call
 
     @functools.wraps(functional_call)
     def traced_call(*args: Any) -> Any:
         snaps = []
-        for i, real in pairs:
+        for i in watched:
             if i < len(args) and is_watched_type(args[i]):
                 snaps.append(InstanceSnapshot(args[i]))
-                _seed_constants(args[i], real)
         try:
             return functional_call(*args)
         finally:

@@ -22,6 +22,7 @@ call.  Upstream request: pytorch #130028.
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 from typing import Any, Callable, NoReturn
@@ -58,15 +59,39 @@ def read_attr(obj: Any, name: str) -> Any:
 
 
 def seed_attr(obj: Any, name: str, value: Any) -> None:
-    """Give a traced instance the tensor attribute its real input has.
+    """Give a traced instance an attribute its real input has and dispatch reads.
 
     The attribute lies outside ``__tensor_flatten__``, so AOTAutograd's instances
-    (rebuilt by ``__tensor_unflatten__``) do not carry it; this node hands them the
-    graph input holding its value before the op that reads it.  On real inputs the
-    attribute is already there and this is a no-op.
+    (rebuilt by ``__tensor_unflatten__``) do not carry it; this node hands it to
+    them before the op that reads it: a tensor as a graph input, a constant as the
+    (guarded) value Dynamo traced with.  On real inputs the attribute is already
+    there and this is a no-op.  Being an unknown call target, the node also keeps
+    AOTAutogradCache from reusing a graph traced under other attribute values.
     """
     if name not in obj.__dict__:
-        obj.__dict__[name] = value
+        obj.__dict__[name] = value if isinstance(value, torch.Tensor) else seed_copy(value)
+
+
+# Constants FX cannot print as literals are passed to the graph by key.
+_SEED_VALUES: dict[int, Any] = {}
+
+
+def seed_attr_by_key(obj: Any, name: str, key: int) -> None:
+    seed_attr(obj, name, _SEED_VALUES[key])
+
+
+def _insert_seed(node: torch.fx.Node, w: "_Watched", name: str, value: Any) -> None:
+    from torch._dynamo.variables import ConstantVariable
+
+    target: Callable[..., None]
+    if isinstance(value, torch.fx.Node) or ConstantVariable.is_literal(value):
+        target, arg = seed_attr, value
+    else:
+        target, arg = seed_attr_by_key, len(_SEED_VALUES)
+        _SEED_VALUES[arg] = seed_copy(value)
+    with node.graph.inserting_before(node):
+        seed = node.graph.call_function(target, (w.vt.as_proxy().node, name, arg))
+    seed.meta["example_value"] = None
 
 
 # --------------------------------------------------------------------------- #
@@ -256,23 +281,56 @@ class _ReadLog:
         self.present.append((w, name, value))
         return seeded
 
-    def install_guards(self, tx: Any, state: FrameState) -> None:
-        """Guard the compiled code on every real-input attribute dispatch looked at."""
+    def finish(self, tx: Any, state: FrameState, node: torch.fx.Node) -> None:
+        """Guard the compiled code on every real-input attribute dispatch looked at,
+        and seed the constants it read into the graph before ``node``."""
         from torch._dynamo.guards import GuardBuilder, install_guard
         from torch._dynamo.source import AttrSource
-        from torch._dynamo.variables.builder import VariableBuilder
-        from torch._dynamo.variables.lazy import LazyVariableTracker
 
         for w, name, value in self.present:
             if (id(w.fake), name) in state.guarded_reads:
                 continue
             state.guarded_reads.add((id(w.fake), name))
-            LazyVariableTracker.realize_all(VariableBuilder(tx, AttrSource(w.source, name))(value))
+            _guard_constant(tx, AttrSource(w.source, name), value)
+            _insert_seed(node, w, name, value)
         for w, name in self.absent:
             if (id(w.fake), name) in state.guarded_reads:
                 continue
             state.guarded_reads.add((id(w.fake), name))
             install_guard(w.source.make_guard(functools.partial(GuardBuilder.HASATTR, attr=name)))
+
+
+# Values Dynamo's EQUALS_MATCH guard accepts (guards.py, GuardBuilder.EQUALS_MATCH).
+_EQUALS_GUARDABLE = (
+    int, float, complex, bool, str, bytes, type(None), tuple, frozenset, list, set,
+    torch.Size, torch.dtype, torch.device, torch.layout, torch.memory_format,
+)
+
+
+def _guard_constant(tx: Any, source: Any, value: Any) -> None:
+    """Guard that the real attribute still equals the constant the trace used.
+
+    Literal floats must be guarded by value: through VariableBuilder a float that
+    changed between calls would become a dynamic SymFloat, i.e. a graph input the
+    traced dispatch never sees.
+    """
+    from torch._dynamo.guards import GuardBuilder, install_guard
+    from torch._dynamo.variables.builder import VariableBuilder
+    from torch._dynamo.variables.lazy import LazyVariableTracker
+
+    if type(value) in _EQUALS_GUARDABLE and not _holds_unguardable(value):
+        install_guard(source.make_guard(GuardBuilder.EQUALS_MATCH))
+    elif isinstance(value, enum.Enum):
+        install_guard(source.make_guard(GuardBuilder.ID_MATCH))
+    else:
+        LazyVariableTracker.realize_all(VariableBuilder(tx, source)(value))
+
+
+def _holds_unguardable(value: Any) -> bool:
+    """Containers holding values EQUALS_MATCH cannot compare (nested dicts, objects)."""
+    if isinstance(value, (tuple, frozenset, list, set)):
+        return any(type(v) not in _EQUALS_GUARDABLE or _holds_unguardable(v) for v in value)
+    return False
 
 
 def _seed_tensor(tx: Any, node: torch.fx.Node, w: _Watched, name: str) -> None:
@@ -286,11 +344,8 @@ def _seed_tensor(tx: Any, node: torch.fx.Node, w: _Watched, name: str) -> None:
     vt = VariableBuilder(tx, AttrSource(w.source, name))(w.real.__dict__[name])
     vt = LazyVariableTracker.realize_all(vt)
     proxy = vt.as_proxy()
-    fake_value = proxy.node.meta["example_value"]
-    with node.graph.inserting_before(node):
-        seed = node.graph.call_function(seed_attr, (w.vt.as_proxy().node, name, proxy.node))
-    seed.meta["example_value"] = None
-    w.fake.__dict__[name] = fake_value
+    _insert_seed(node, w, name, proxy.node)
+    w.fake.__dict__[name] = proxy.node.meta["example_value"]
 
 
 def _refuse(kind: RefusalKind, w: _Watched, attr: str, value_type: str, context: str = "") -> NoReturn:
@@ -476,7 +531,7 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                     s.restore()
                 raise
             break
-        reads.install_guards(tx, state)
+        reads.finish(tx, state, node)
         for w, snap in zip(watched, snaps):
             writes = snap.writes()
             if writes:

@@ -325,3 +325,16 @@ class DeleteWriter(WritingTensor):
     def on_op(cls, func, first):
         if func is aten.mul.Tensor and hasattr(first, "cache"):
             del first.cache
+
+
+class UserScaled(WritingTensor):
+    """Dispatch reads a user-set constant outside the ctx and its result depends on it."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func is aten.mul.Tensor:
+            first = next(a for a in args if isinstance(a, cls))
+            first.used = getattr(first, "scale", 1.0)
+            return cls(out.elem * first.used)
+        return out

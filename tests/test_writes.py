@@ -99,6 +99,28 @@ def test_fresh_input_gets_eager_state(cls, backend):
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_result_depends_on_state_outside_ctx(backend):
+    """Dispatch reads a user-set attribute outside the ctx: numbers follow it, guarded."""
+    outcome = differential(mul3, one(S.UserScaled, scale=2.0), backend=backend, calls=2)
+    assert outcome.frames == 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_user_changes_state_outside_ctx_between_calls(backend):
+    import torch._dynamo.testing
+
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
+    compiled = torch.compile(mul3, backend=counter, fullgraph=True)
+    for scale in (2.0, 3.0, 3.0, None):
+        attrs = {} if scale is None else {"scale": scale}
+        e, c = S.UserScaled(torch.arange(4.0), **attrs), S.UserScaled(torch.arange(4.0), **attrs)
+        torch.testing.assert_close(compiled(c).elem, mul3(e).elem)
+        assert c.used == e.used
+    assert counter.frame_count == 3  # 2.0, 3.0, absent: each a guard failure
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_write_before_graph_break_read_after(backend):
     def fn(x):
         y = x * 3
