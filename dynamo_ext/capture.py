@@ -64,10 +64,15 @@ class AttributeWrite:
         return self.new is MISSING
 
 
+# Values computed by the traced program: compared by identity (== on a SymInt would
+# add a guard), replayed as graph outputs.
+GRAPH_VALUE_TYPES = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
 def _same_value(old: Any, new: Any) -> bool:
     if old is new:
         return True
-    if isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor):
+    if isinstance(old, GRAPH_VALUE_TYPES) or isinstance(new, GRAPH_VALUE_TYPES):
         return False
     if type(old) is not type(new):
         return False
@@ -147,6 +152,7 @@ class InstanceSnapshot:
 class ValueKind(enum.Enum):
     CONSTANT = "constant"  # immutable, rebuilt by the residual bytecode
     TENSOR = "tensor"
+    SYMBOLIC = "symbolic"  # a SymInt/SymFloat/SymBool (dynamic shapes): a graph output
     DELETE = "delete"
     MUTABLE = "mutable"  # a fresh mutable object: eager identity cannot be replayed
     OPAQUE = "opaque"  # an object the replay cannot rebuild
@@ -173,6 +179,8 @@ def classify_value(value: Any) -> ValueKind:
         return ValueKind.DELETE
     if isinstance(value, torch.Tensor):
         return ValueKind.TENSOR
+    if isinstance(value, GRAPH_VALUE_TYPES):
+        return ValueKind.SYMBOLIC
     if is_immutable_constant(value):
         return ValueKind.CONSTANT
     if isinstance(value, _PLAIN_MUTABLE) or (

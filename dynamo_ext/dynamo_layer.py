@@ -409,7 +409,8 @@ def _constant_vt(tx: Any, value: Any) -> Any:
     return VariableBuilder(tx, GlobalSource(name))(value)
 
 
-def _tensor_vt(tx: Any, state: FrameState, w: _Watched, write: AttributeWrite) -> Any:
+def _graph_value_vt(tx: Any, state: FrameState, w: _Watched, write: AttributeWrite) -> Any:
+    """A tensor or symbolic size written by dispatch, as a value the graph returns."""
     from torch._dynamo.variables.builder import wrap_fx_proxy
     from torch._subclasses.fake_tensor import is_fake
 
@@ -419,7 +420,7 @@ def _tensor_vt(tx: Any, state: FrameState, w: _Watched, write: AttributeWrite) -
         # An alias of a graph input (the input itself, one of its inner tensors):
         # the residual bytecode loads it from its source, keeping identity.
         return same
-    if not is_fake(value):
+    if isinstance(value, torch.Tensor) and not is_fake(value):
         _refuse(
             RefusalKind.OPAQUE_VALUE,
             w,
@@ -443,8 +444,8 @@ def _record(tx: Any, state: FrameState, w: _Watched, writes: list[AttributeWrite
             _refuse(RefusalKind.DELETED_ATTRIBUTE, w, wr.name, type(wr.old).__name__)
         elif kind is ValueKind.CONSTANT:
             value_vt = _constant_vt(tx, wr.new)
-        elif kind is ValueKind.TENSOR:
-            value_vt = _tensor_vt(tx, state, w, wr)
+        elif kind in (ValueKind.TENSOR, ValueKind.SYMBOLIC):
+            value_vt = _graph_value_vt(tx, state, w, wr)
         elif kind is ValueKind.MUTABLE:
             _refuse(RefusalKind.MUTABLE_VALUE, w, wr.name, type(wr.new).__name__)
         else:

@@ -338,3 +338,22 @@ class UserScaled(WritingTensor):
             first.used = getattr(first, "scale", 1.0)
             return cls(out.elem * first.used)
         return out
+
+
+class RebindInner(WritingTensor):
+    """Rebinds its inner tensor (named by __tensor_flatten__) before the op uses it."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.elem = first.elem + 1
+
+
+class ShapeRecorder(WritingTensor):
+    """Writes a size (a SymInt under dynamic shapes) and a tensor of that size."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.n = first.elem.shape[0]
+            first.window = first.elem[: first.n - 1] * 2

@@ -80,6 +80,8 @@ CASES = [
     Case("same_input_several_ops", mul_twice, one(S.CounterTensor), calls=2, frames=2),
     Case("user_reads_tag_after_op", tag_after_op, one(S.CounterTensor), calls=2, frames=2),
     Case("user_reads_cache_after_op", cache_after_op, one(S.CachingTensor), calls=2, frames=2),
+    Case("rebind_inner_tensor", mul3, one(S.RebindInner), calls=2, frames=1),
+    Case("size_and_sized_tensor", mul3, one(S.ShapeRecorder), calls=2, frames=1),
 ]
 
 
@@ -148,9 +150,16 @@ def test_requires_grad_forward_writes_and_grads(cls, backend):
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-def test_dynamic_shapes(backend):
-    outcome = differential(mul3, one(S.ConstantsTensor), backend=backend, calls=2, dynamic=True)
-    assert outcome.frames == 2
+@pytest.mark.parametrize("cls", [S.ConstantsTensor, S.ShapeRecorder, S.CachingTensor])
+def test_dynamic_shapes(cls, backend):
+    """A new size each call (eager and compiled inputs of a call share it): one frame."""
+    sizes = iter([4, 4, 5, 5])
+
+    def make():
+        return [cls(torch.arange(float(next(sizes))))]
+
+    outcome = differential(mul3, make, backend=backend, calls=2, dynamic=True, fresh_inputs_each_call=True)
+    assert outcome.frames == 1
 
 
 # ----------------------------------------------------------------- the issue's two failures
