@@ -61,7 +61,55 @@ TABLE: list[Patch] = [
         "prepare_aot_module_simplified",
         aot_layer.make_prepare_hook,
         why="Wrap the function AOTAutograd traces so each tracing pass starts from the entry "
-        "state and leaves none behind. aot_module_simplified calls it as a module global.",
+        "state, leaves none behind, and returns new tensor attributes as extra outputs. "
+        "aot_module_simplified calls it as a module global.",
+    ),
+    Patch(
+        "torch._functorch.aot_autograd",
+        "aot_module_simplified",
+        aot_layer.make_aot_module_simplified_hook,
+        why="Plan the writes of one compile and replay them after each call of the compiled "
+        "graph (direct callers of torch._functorch.aot_autograd.aot_module_simplified).",
+    ),
+    Patch(
+        "torch._dynamo.backends.common",
+        "aot_module_simplified",
+        aot_layer.make_aot_module_simplified_hook,
+        why="The same, for every AOTAutograd-based Dynamo backend (aot_eager, inductor, "
+        "aot_autograd(...)): backends/common.py imports aot_module_simplified by name.",
+    ),
+    Patch(
+        "functorch.compile",
+        "aot_module_simplified",
+        aot_layer.make_aot_module_simplified_hook,
+        why="The same, for users of the public functorch.compile name (bound by value).",
+    ),
+    Patch(
+        "torch._functorch.aot_autograd",
+        "aot_function",
+        aot_layer.make_aot_function_hook,
+        why="Plan and replay writes for direct aot_function users; aot_module calls it as a "
+        "module global.",
+    ),
+    Patch(
+        "functorch.compile",
+        "aot_function",
+        aot_layer.make_aot_function_hook,
+        why="The same, for users of the public functorch.compile name (bound by value).",
+    ),
+    Patch(
+        "torch.export._trace",
+        "create_functional_call",
+        aot_layer.make_export_functional_call_hook,
+        why="Non-strict torch.export traces through it (imported by name) with no run-time "
+        "epilogue: writes made there are refused instead of silently dropped.",
+    ),
+    Patch(
+        "torch._functorch.compilers",
+        "aot_function",
+        aot_layer.make_aot_function_hook,
+        why="The same, for functorch's ready-made compilers (memory_efficient_fusion, ...), "
+        "which import aot_function by name.",
     ),
 ]
 

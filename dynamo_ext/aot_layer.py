@@ -1,49 +1,324 @@
-"""AOTAutograd layer: keep every tracing pass starting from the entry state.
+"""AOTAutograd layer: catch, unwind and replay the writes Dynamo did not record.
 
-Compile-time half of the fallback path.  AOTAutograd traces the Dynamo graph
-several times (metadata analysis, subclass metadata, the final trace), each time
-on fresh subclass instances rebuilt by ``__tensor_unflatten__``.  Dispatch runs
-again in each pass and writes on those instances; right after the pass
-AOTAutograd re-flattens them (``has_metadata_mutation``) and a flatten list that
-grew (a cache listed once set) fails with ``expected FakeTensor for arg, got
-NoneType``.  This layer wraps the function AOTAutograd traces (the
-``functional_call`` built by ``prepare_aot_module_simplified``) so that each pass
-ends with the instances restored exactly as they were before it.
+AOTAutograd traces the function it is given several times (metadata analysis,
+subclass metadata, the final trace, debug re-traces), each time on fresh
+subclass instances rebuilt by ``__tensor_unflatten__``.  Dispatch runs again in
+every pass and writes on those instances (pytorch #130028, problem 1: a pass
+that starts from another pass's state traces something else; a flatten list
+that grew fails AOTAutograd's ``has_metadata_mutation`` with ``expected
+FakeTensor for arg, got NoneType``).
 
-State outside the flatten ctx that dispatch reads reaches each pass through the
-Dynamo layer's ``seed_attr`` graph nodes; the writes themselves are replayed by
-the Dynamo layer's residual bytecode, and new tensor attributes leave the graph
-through ``read_attr`` outputs.
+Compile time (``TracingPass``, wrapped around the traced function):
+
+- each pass starts from the entry state: the instances get the constant state of
+  the real inputs that ``__tensor_unflatten__`` cannot restore, and are put back
+  exactly as they were when the pass returns;
+- the writes a pass made are read off and planned (``WritePlan``): constants are
+  kept, aliases of inputs are remembered by position, and new tensor values are
+  appended to the traced function's outputs (problem 2: the epilogue needs them
+  as real tensors);
+- every pass must plan the same writes, or the compile is refused;
+- writes the Dynamo layer already recorded for this graph are left to Dynamo's
+  residual bytecode (never applied twice).
+
+Run time (``WritePlan.replay``, wrapped around the compiled callable): the extra
+outputs are stripped from what the caller sees and the planned writes are set on
+the real inputs, in the order dispatch made them.
+
+Entry points: ``aot_module_simplified`` (used by Dynamo's ``aot_eager`` and
+``inductor`` and by ``torch._dynamo.backends.common.aot_autograd`` backends),
+``aot_function`` and ``aot_module`` called directly.  Graphs with subclass
+inputs bypass AOTAutogradCache while enabled: a cache hit skips every trace, so
+the write plan would be unknown (inductor's FX graph cache still applies, it
+caches the traced graph, extra outputs included).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
-from typing import Any, Callable, Sequence
+import threading
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.utils._pytree as pytree
 
 from . import config
-from .capture import InstanceSnapshot, is_watched_type
+from .capture import (
+    MISSING,
+    AttributeWrite,
+    InstanceSnapshot,
+    ValueKind,
+    classify_value,
+    is_watched_type,
+    seed_copy,
+)
+from .errors import RefusalKind, SubclassWriteError
+
+_local = threading.local()
 
 
-def guard_tracing_pass(functional_call: Callable[..., Any], real_inputs: Sequence[Any]) -> Callable[..., Any]:
-    """Wrap the traced function so each pass restores the instances it was given."""
-    watched = [i for i, r in enumerate(real_inputs) if is_watched_type(r)]
-    if not watched:
-        return functional_call
+def _stack(name: str) -> list:
+    stack = getattr(_local, name, None)
+    if stack is None:
+        stack = []
+        setattr(_local, name, stack)
+    return stack
 
-    @functools.wraps(functional_call)
-    def traced_call(*args: Any) -> Any:
-        snaps = []
-        for i in watched:
-            if i < len(args) and is_watched_type(args[i]):
-                snaps.append(InstanceSnapshot(args[i]))
+
+@contextlib.contextmanager
+def _pushed(name: str, item: Any) -> Iterator[None]:
+    stack = _stack(name)
+    stack.append(item)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def _top(name: str) -> Any:
+    stack = _stack(name)
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def dynamo_handled(writes: dict[int, set[str]]) -> Iterator[None]:
+    """While Dynamo compiles a graph: ``{id(real input): names}`` its residual bytecode replays."""
+    with _pushed("handled", writes):
+        yield
+
+
+# --------------------------------------------------------------------------- #
+# The plan: compile-time record of what to replay
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedWrite:
+    input_index: int  # position among the traced function's flat inputs
+    name: str
+    kind: str  # "constant" | "output" | "input" | "inner"
+    value: Any = None  # the constant; the extra-output position; the input position; (position, inner name)
+    entry: Any = MISSING  # the attribute's value when the pass started, if a constant (or absent)
+
+    def signature(self) -> tuple:
+        return (self.input_index, self.name, self.kind, self.value if self.kind != "constant" else repr(self.value))
+
+
+class WritePlan:
+    """The writes one compiled graph must replay, agreed on by every tracing pass."""
+
+    def __init__(self, handled: dict[int, set[str]] | None = None) -> None:
+        self.real_inputs: list[Any] = []
+        self.handled = handled or {}
+        self.writes: list[PlannedWrite] | None = None
+        self.n_extra = 0
+        self.passes = 0
+        self._last_pass: list[InstanceSnapshot] = []
+
+    # -- compile time -------------------------------------------------------
+
+    def _skip(self, index: int, name: str) -> bool:
+        if index >= len(self.real_inputs):
+            return False
+        return name in self.handled.get(id(self.real_inputs[index]), ())
+
+    def plan_pass(
+        self,
+        args: Sequence[Any],
+        writes: list[tuple[int, AttributeWrite]],
+        entry: dict[int, dict[str, Any]],
+    ) -> list[Any]:
+        """Classify one pass's writes; check they agree with earlier passes; return extra outputs.
+
+        ``entry``: the attributes of each watched argument when the pass started.
+        """
+        planned: list[PlannedWrite] = []
+        extras: list[Any] = []
+        for index, wr in writes:
+            if self._skip(index, wr.name):
+                continue
+            cls_name = type(args[index]).__name__
+            kind = classify_value(wr.new)
+            if wr.in_place:
+                raise SubclassWriteError(RefusalKind.IN_PLACE_MUTATION, cls_name, wr.name, type(wr.new).__name__)
+            if kind is ValueKind.DELETE:
+                raise SubclassWriteError(RefusalKind.DELETED_ATTRIBUTE, cls_name, wr.name, type(wr.old).__name__)
+            if kind is ValueKind.CONSTANT:
+                planned.append(PlannedWrite(index, wr.name, "constant", wr.new))
+            elif kind in (ValueKind.TENSOR, ValueKind.SYMBOLIC):
+                planned.append(self._plan_graph_value(args, index, wr, entry, extras))
+            elif kind is ValueKind.MUTABLE:
+                raise SubclassWriteError(RefusalKind.MUTABLE_VALUE, cls_name, wr.name, type(wr.new).__name__)
+            else:
+                raise SubclassWriteError(RefusalKind.OPAQUE_VALUE, cls_name, wr.name, type(wr.new).__name__)
+            if wr.old is MISSING or classify_value(wr.old) is ValueKind.CONSTANT:
+                planned[-1] = dataclasses.replace(planned[-1], entry=wr.old)
+        self.passes += 1
+        if self.writes is None:
+            self.writes, self.n_extra = planned, len(extras)
+        elif [p.signature() for p in planned] != [p.signature() for p in self.writes]:
+            first = (planned or self.writes)[0]
+            raise SubclassWriteError(
+                RefusalKind.INCONSISTENT_PASSES,
+                type(args[first.input_index]).__name__,
+                first.name,
+                "see context",
+                context=f"pass 1 planned {self.writes}; pass {self.passes} planned {planned}",
+            )
+        return extras
+
+    @staticmethod
+    def _plan_graph_value(
+        args: Sequence[Any],
+        index: int,
+        wr: AttributeWrite,
+        entry: dict[int, dict[str, Any]],
+        extras: list[Any],
+    ) -> PlannedWrite:
+        value = wr.new
+        for j, a in enumerate(args):
+            if value is a:
+                return PlannedWrite(index, wr.name, "input", j)
+        # An alias of a tensor some input already held when the pass started.
+        for j, attrs in entry.items():
+            for attr, held in attrs.items():
+                if value is held:
+                    return PlannedWrite(index, wr.name, "inner", (j, attr))
+        extras.append(value)
+        return PlannedWrite(index, wr.name, "output", len(extras) - 1)
+
+    def remember_pass(self, snaps: list[InstanceSnapshot]) -> None:
+        self._last_pass = snaps
+
+    def check_no_late_writes(self) -> None:
+        """Writes made on the traced instances after their pass returned: the backward."""
+        for snap in self._last_pass:
+            for wr in snap.writes():
+                raise SubclassWriteError(
+                    RefusalKind.WRITE_IN_BACKWARD,
+                    type(snap.obj).__name__,
+                    wr.name,
+                    type(wr.new).__name__,
+                )
+
+    # -- run time -----------------------------------------------------------
+
+    def check_entry_state(self, inputs: Sequence[Any]) -> None:
+        """Without Dynamo there are no guards: refuse a call whose inputs do not hold the
+        state the writes were traced from (the plan would replay stale values)."""
+        for w in self.writes or ():
+            obj = inputs[w.input_index]
+            now = obj.__dict__.get(w.name, MISSING)
+            if w.entry is MISSING and now is MISSING:
+                continue
+            if w.entry is MISSING or now is MISSING or classify_value(now) is not ValueKind.CONSTANT or now != w.entry:
+                raise SubclassWriteError(
+                    RefusalKind.STALE_PLAN,
+                    type(obj).__name__,
+                    w.name,
+                    type(now).__name__,
+                    context=f"traced with {w.name}={w.entry!r}, called with {w.name}={now!r}",
+                )
+
+    def strip(self, out: Any) -> tuple[Any, Sequence[Any]]:
+        """Split the compiled callable's outputs into the caller's and the extra ones."""
+        if not self.n_extra:
+            return out, ()
+        cut = len(out) - self.n_extra
+        return type(out)(out[:cut]), out[cut:]
+
+    def apply(self, inputs: Sequence[Any], extras: Sequence[Any]) -> None:
+        """Set the planned writes on the real inputs, in the order dispatch made them."""
+        for w in self.writes or ():
+            if w.kind == "constant":
+                value = w.value
+            elif w.kind == "output":
+                value = extras[w.value]
+            elif w.kind == "input":
+                value = inputs[w.value]
+            else:
+                j, inner = w.value
+                value = getattr(inputs[j], inner)
+            setattr(inputs[w.input_index], w.name, value)
+
+    def replay(self, inputs: Sequence[Any], out: Any) -> Any:
+        out, extras = self.strip(out)
+        self.apply(inputs, extras)
+        return out
+
+
+# --------------------------------------------------------------------------- #
+# Compile time: around each tracing pass
+# --------------------------------------------------------------------------- #
+
+
+def _seed_constants(traced: Any, real: Any, snap: InstanceSnapshot) -> None:
+    """Hand a pass's instance the real input's state that unflatten cannot restore."""
+    mine = traced.__dict__
+    for name, value in real.__dict__.items():
+        if name not in mine and not isinstance(value, torch.Tensor):
+            copied = seed_copy(value)
+            if copied is not MISSING:
+                mine[name] = copied
+                snap.note_seeded(name, copied)
+
+
+def tracing_pass(fn: Callable[..., Any], plan: WritePlan | None, flat_outputs: bool) -> Callable[..., Any]:
+    """Wrap the function AOTAutograd traces: one call is one tracing pass.
+
+    ``flat_outputs``: the function returns a flat tuple (aot_module_simplified),
+    extra outputs are appended to it; otherwise it returns ``(out, extras)``.
+    """
+
+    @functools.wraps(fn)
+    def traced_call(*args: Any, **kwargs: Any) -> Any:
+        leaves = pytree.arg_tree_leaves(*args, **kwargs)
+        reals = plan.real_inputs if plan is not None else []
+        entry: list[InstanceSnapshot] = []  # to restore
+        before: list[tuple[int, InstanceSnapshot]] = []  # to diff (seeded state included)
+        for i, a in enumerate(leaves):
+            if is_watched_type(a):
+                entry.append(InstanceSnapshot(a))
+                snap = InstanceSnapshot(a)
+                if i < len(reals) and is_watched_type(reals[i]):
+                    _seed_constants(a, reals[i], snap)
+                before.append((i, snap))
         try:
-            return functional_call(*args)
+            out = fn(*args, **kwargs)
+            writes = [(i, wr) for i, snap in before for wr in snap.writes()]
+            if plan is None:
+                _refuse_unplanned(leaves, writes)
+                extras: list[Any] = []
+            else:
+                extras = plan.plan_pass(leaves, writes, {i: snap.entries for i, snap in before})
         finally:
-            for snap in snaps:
+            for snap in entry:
                 snap.restore()
+        if plan is not None:
+            plan.remember_pass([InstanceSnapshot(snap.obj) for snap in entry])
+        if flat_outputs:
+            return (*out, *extras) if extras else out
+        return out, tuple(extras)
 
     return traced_call
+
+
+def _refuse_unplanned(leaves: Sequence[Any], writes: list[tuple[int, AttributeWrite]]) -> None:
+    if writes:
+        index, wr = writes[0]
+        raise SubclassWriteError(
+            RefusalKind.UNREPLAYABLE_ENTRY,
+            type(leaves[index]).__name__,
+            wr.name,
+            type(wr.new).__name__,
+        )
+
+
+# --------------------------------------------------------------------------- #
+# The hooks
+# --------------------------------------------------------------------------- #
 
 
 def make_prepare_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -53,10 +328,111 @@ def make_prepare_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def prepare_aot_module_simplified(mod: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
         args = list(args)
         result = original(mod, args, *rest, **kwargs)
-        if not config.aot_layer:
+        if not config.aot_layer or not any(is_watched_type(a) for a in args):
             return result
         functional_call, params_buffers_flat = result[0], result[1]
-        real_inputs = list(params_buffers_flat) + args
-        return (guard_tracing_pass(functional_call, real_inputs), *result[1:])
+        plan: WritePlan | None = _top("plans")
+        if plan is not None:
+            plan.real_inputs = list(params_buffers_flat) + args
+        # Without a plan (export and other AOT entry points) writes are refused.
+        return (tracing_pass(functional_call, plan, flat_outputs=True), *result[1:])
 
     return prepare_aot_module_simplified
+
+
+def _compile_with_plan(plan: WritePlan, compile_: Callable[[], Any]) -> Any:
+    from torch._functorch import config as functorch_config
+
+    with _pushed("plans", plan), functorch_config.patch(enable_autograd_cache=False):
+        compiled = compile_()
+    plan.check_no_late_writes()
+    return compiled
+
+
+def make_aot_module_simplified_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``aot_module_simplified`` (both where it is defined and
+    ``torch._dynamo.backends.common``, which imports it by name)."""
+
+    @functools.wraps(original)
+    def aot_module_simplified(mod: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
+        args = list(args)
+        if not config.aot_layer or not any(is_watched_type(a) for a in args):
+            return original(mod, args, *rest, **kwargs)
+        handled = _top("handled")
+        plan = WritePlan(handled)
+        compiled = _compile_with_plan(plan, lambda: original(mod, args, *rest, **kwargs))
+        if not plan.writes:
+            return compiled
+        n_params = len(plan.real_inputs) - len(args)
+        params = plan.real_inputs[:n_params]
+        # Under Dynamo its guards keep the inputs' state as traced; called directly, check.
+        check = handled is None
+
+        if isinstance(mod, torch._dynamo.utils.GmWrapper):
+
+            @functools.wraps(compiled)
+            def boxed_forward(runtime_args: list[Any]) -> Any:
+                inputs = [*params, *runtime_args]  # the callee clears runtime_args
+                if check:
+                    plan.check_entry_state(inputs)
+                return plan.replay(inputs, compiled(runtime_args))
+
+            return boxed_forward
+
+        @functools.wraps(compiled)
+        def forward(*runtime_args: Any) -> Any:
+            inputs = [*params, *runtime_args]
+            if check:
+                plan.check_entry_state(inputs)
+            return plan.replay(inputs, compiled(*runtime_args))
+
+        return forward
+
+    return aot_module_simplified
+
+
+def make_aot_function_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``torch._functorch.aot_autograd.aot_function`` (``aot_module`` calls it)."""
+
+    @functools.wraps(original)
+    def aot_function(fn: Callable[..., Any], *rest: Any, **kwargs: Any) -> Callable[..., Any]:
+        if not config.aot_layer:
+            return original(fn, *rest, **kwargs)
+        plan = WritePlan()
+        compiled = original(tracing_pass(fn, plan, flat_outputs=False), *rest, **kwargs)
+        traced = False
+
+        @functools.wraps(fn)
+        def returned_function(*args: Any, **kw: Any) -> Any:
+            nonlocal traced
+            leaves = pytree.arg_tree_leaves(*args, **kw)
+            if not traced:  # aot_function traces on its first call
+                plan.real_inputs = list(leaves)
+                out, extras = _compile_with_plan(plan, lambda: compiled(*args, **kw))
+                traced = True
+            else:
+                plan.check_entry_state(leaves)
+                out, extras = compiled(*args, **kw)
+            plan.apply(leaves, extras)
+            return out
+
+        return returned_function
+
+    return aot_function
+
+
+def make_export_functional_call_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``create_functional_call`` as bound in ``torch.export._trace``.
+
+    Non-strict ``torch.export`` traces the module through it with ``make_fx``; the
+    exported program has no epilogue, so a write made there is refused, never dropped.
+    """
+
+    @functools.wraps(original)
+    def create_functional_call(*args: Any, **kwargs: Any) -> Any:
+        functional_call = original(*args, **kwargs)
+        if not config.aot_layer:
+            return functional_call
+        return tracing_pass(functional_call, None, flat_outputs=True)
+
+    return create_functional_call

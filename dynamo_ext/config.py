@@ -1,8 +1,10 @@
 """Switches of dynamo_ext (module attributes, read at trace time)."""
 
-#: Record dispatch writes in Dynamo (the primary path).
+#: Record dispatch writes in Dynamo's SideEffects (the primary path). When False,
+#: Dynamo's fake example values are still kept consistent and restored, and the
+#: AOTAutograd layer alone plans and replays the writes (backends built on
+#: AOTAutograd; with backend="eager" dispatch runs for real at run time anyway).
 dynamo_layer: bool = True
 
-#: Restore AOTAutograd's traced instances after each tracing pass and hand them the
-#: constant state of the real inputs.
+#: Catch, unwind and replay writes in AOTAutograd's tracing passes.
 aot_layer: bool = True

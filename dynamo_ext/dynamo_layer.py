@@ -30,7 +30,7 @@ from typing import Any, Callable, NoReturn
 import torch
 import torch.fx
 
-from . import config
+from . import aot_layer, config
 from .capture import (
     MISSING,
     AttributeWrite,
@@ -122,6 +122,8 @@ class FrameState:
         # Entry state of every fake example value we let dispatch write on.
         self.originals: dict[int, InstanceSnapshot] = {}
         self.guarded_reads: set[tuple[int, str]] = set()
+        # Writes recorded with SideEffects, per real input: the AOT layer leaves them alone.
+        self.recorded: dict[int, tuple[Any, set[str]]] = {}
         self._by_fake: dict[int, Any] = {}
         self._n_inputs = -1
 
@@ -435,6 +437,10 @@ def _record(tx: Any, state: FrameState, w: _Watched, writes: list[AttributeWrite
     if tx.output.current_tracer.parent is not None:
         wr = writes[0]
         _refuse(RefusalKind.WRITE_IN_HOP, w, wr.name, type(wr.new).__name__)
+    if not torch._dynamo.config.replay_side_effects:
+        # torch.export (strict) traces with replay off: the write would be dropped.
+        wr = writes[0]
+        _refuse(RefusalKind.UNREPLAYABLE_ENTRY, w, wr.name, type(wr.new).__name__)
     for wr in writes:
         if wr.in_place:
             _refuse(RefusalKind.IN_PLACE_MUTATION, w, wr.name, type(wr.new).__name__)
@@ -452,6 +458,7 @@ def _record(tx: Any, state: FrameState, w: _Watched, writes: list[AttributeWrite
             _refuse(RefusalKind.OPAQUE_VALUE, w, wr.name, type(wr.new).__name__)
         log.debug("write recorded: %s.%s <- %s", w.source.name, wr.name, type(wr.new).__name__)
         tx.output.side_effects.store_attr(w.vt, wr.name, value_vt)
+        state.recorded.setdefault(id(w.real), (w.real, set()))[1].add(wr.name)
 
 
 # --------------------------------------------------------------------------- #
@@ -494,7 +501,7 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def _get_fake_value_impl(node: torch.fx.Node, tx: Any, allow_non_graph_fake: bool = False) -> Any:
-        if not config.dynamo_layer or node.op == "placeholder" or not _has_subclass_arg(node):
+        if node.op == "placeholder" or not _has_subclass_arg(node):
             return original(node, tx, allow_non_graph_fake)
         if "example_value" in node.meta:  # original returns the cached value, runs nothing
             return original(node, tx, allow_non_graph_fake)
@@ -533,10 +540,11 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             break
         reads.finish(tx, state, node)
-        for w, snap in zip(watched, snaps):
-            writes = snap.writes()
-            if writes:
-                _record(tx, state, w, writes)
+        if config.dynamo_layer:
+            for w, snap in zip(watched, snaps):
+                writes = snap.writes()
+                if writes:
+                    _record(tx, state, w, writes)
         return result
 
     return _get_fake_value_impl
@@ -548,8 +556,12 @@ def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., An
     @functools.wraps(original)
     def compile_subgraph(self: Any, *args: Any, **kwargs: Any) -> Any:
         state = self.__dict__.get(_STATE_KEY)
-        if state is not None:
-            state.restore_all()
-        return original(self, *args, **kwargs)
+        if state is None:
+            return original(self, *args, **kwargs)
+        state.restore_all()
+        # The backend is called from inside: tell the AOT layer which writes the
+        # residual bytecode already replays, so none is applied twice.
+        with aot_layer.dynamo_handled({k: names for k, (_, names) in state.recorded.items()}):
+            return original(self, *args, **kwargs)
 
     return compile_subgraph

@@ -27,6 +27,12 @@ class RefusalKind(str, enum.Enum):
     UNSUPPORTED_STATE_READ = "unsupported_state_read"
     #: An attribute was deleted (``del self.attr``).
     DELETED_ATTRIBUTE = "deleted_attribute"
+    #: A write made while the backward was traced (on an input saved for backward).
+    WRITE_IN_BACKWARD = "write_in_backward"
+    #: An AOTAutograd entry point that has no run-time epilogue (export, aot_export_*).
+    UNREPLAYABLE_ENTRY = "unreplayable_entry"
+    #: A directly compiled AOTAutograd function called with state other than it was traced with.
+    STALE_PLAN = "stale_plan"
     #: AOTAutograd's passes disagree with what Dynamo recorded.
     INCONSISTENT_PASSES = "inconsistent_passes"
 
@@ -64,6 +70,20 @@ _WHY = {
         "Dynamo's residual bytecode in torch 2.13 replays attribute deletions only on "
         "plain Python objects, not on tensor inputs, so the deletion would be lost."
     ),
+    RefusalKind.WRITE_IN_BACKWARD: (
+        "The write happened while the backward was traced. Eager applies it when "
+        ".backward() runs; replaying writes at backward time is not supported yet, and "
+        "applying it after the forward would be wrong."
+    ),
+    RefusalKind.UNREPLAYABLE_ENTRY: (
+        "This AOTAutograd entry point (torch.export, aot_export_*) produces a graph with "
+        "no run-time epilogue, so the write would be silently dropped."
+    ),
+    RefusalKind.STALE_PLAN: (
+        "The function was compiled with AOTAutograd directly (no Dynamo, so no guards) "
+        "while the input held another value of this attribute; replaying the traced "
+        "write now would leave a value eager would not."
+    ),
     RefusalKind.INCONSISTENT_PASSES: (
         "AOTAutograd traced the function several times and the attribute writes differed "
         "between passes, so there is no single write to replay."
@@ -94,6 +114,16 @@ _HINTS = {
     RefusalKind.DELETED_ATTRIBUTE: [
         "Reset the attribute to None instead of deleting it.",
     ],
+    RefusalKind.WRITE_IN_BACKWARD: [
+        "Make the write in the forward (on the op that saves the input), or on the gradient.",
+    ],
+    RefusalKind.UNREPLAYABLE_ENTRY: [
+        "Use torch.compile, or apply the state change outside the exported program.",
+    ],
+    RefusalKind.STALE_PLAN: [
+        "Compile again for this state (call aot_function / aot_module_simplified again).",
+        "Or use torch.compile, whose guards recompile when the state changes.",
+    ],
     RefusalKind.INCONSISTENT_PASSES: [
         "Make the write depend only on the subclass's flatten state and the op's inputs.",
     ],
@@ -101,10 +131,13 @@ _HINTS = {
 
 
 def explain(kind: RefusalKind, cls_name: str, attr: str, value_type: str) -> str:
-    return (
-        f"{cls_name}.__torch_dispatch__ wrote attribute {attr!r} (value of type {value_type}) "
-        f"on a graph input, and dynamo_ext cannot replay it exactly. {_WHY[kind]}"
-    )
+    if kind is RefusalKind.UNSUPPORTED_STATE_READ:
+        what = f"read attribute {attr!r} (value of type {value_type}) of a graph input"
+        cannot = "cannot carry it into the traced program"
+    else:
+        what = f"wrote attribute {attr!r} (value of type {value_type}) on a graph input"
+        cannot = "cannot replay it exactly"
+    return f"{cls_name}.__torch_dispatch__ {what}, and dynamo_ext {cannot}. {_WHY[kind]}"
 
 
 def refuse(kind: RefusalKind, cls_name: str, attr: str, value_type: str, context: str = "") -> NoReturn:

@@ -12,6 +12,7 @@ import dataclasses
 import enum
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_map_only
 
 aten = torch.ops.aten
@@ -357,3 +358,35 @@ class ShapeRecorder(WritingTensor):
         if func is aten.mul.Tensor:
             first.n = first.elem.shape[0]
             first.window = first.elem[: first.n - 1] * 2
+
+
+class UnseenByDynamo(WritingTensor):
+    """Writes everywhere except in Dynamo's fake propagation (its inner tensor is a
+    FakeTensor only there): a stand-in for writes only AOTAutograd's passes trigger."""
+
+    CTX = ("traced",)
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor and type(first.elem) is not FakeTensor:
+            first.traced = first.traced + 1
+            first.snapshot = first.elem * 10
+
+
+class CountingSets(WritingTensor):
+    """Counts assignments to the attributes of the instances in ``counted`` (real inputs)."""
+
+    CTX = ("tag",)
+    sets: list = []
+    counted: set = set()  # ids of the instances whose assignments are counted
+
+    def __setattr__(self, name, value):
+        if id(self) in CountingSets.counted:
+            CountingSets.sets.append(name)
+        super().__setattr__(name, value)
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.tag = first.tag + 1
+            first.cache = first.elem * 2

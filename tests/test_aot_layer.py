@@ -1,0 +1,186 @@
+"""AOTAutograd layer: writes caught in AOTAutograd's passes are unwound and replayed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from functorch.compile import nop
+from torch._dynamo.backends.common import aot_autograd
+
+import dynamo_ext
+import subclasses as S
+from dynamo_ext import RefusalKind, SubclassWriteError
+from dynamo_ext.inspect import residual_writes
+from harness import assert_same_outputs, assert_same_state, differential
+
+
+def mul3(x):
+    return x * 3
+
+
+@pytest.fixture
+def aot_only():
+    """The fallback alone: Dynamo does not record, AOTAutograd plans and replays."""
+    dynamo_ext.config.dynamo_layer = False
+    yield
+    dynamo_ext.config.dynamo_layer = True
+
+
+CASES = [
+    ("ctx_counter", S.CounterTensor, {}, 3, 3),
+    ("growing_flatten_cache", S.GrowingCacheTensor, {}, 3, 2),
+    ("cache_outside_ctx", S.CachingTensor, {}, 3, 2),
+    ("dict_counter", S.CallCounter, {}, 3, 3),
+    ("ctx_constants_all_kinds", S.ConstantsTensor, {}, 2, 2),
+    ("dict_constants_unread", S.OutOfCtxConstants, {}, 2, 1),
+    ("intermediate_cache", S.IntermediateCacheTensor, {}, 2, 1),
+    ("aliases_and_none", S.AliasTensor, {"cache": 7}, 2, 1),
+    ("rebind_inner_tensor", S.RebindInner, {}, 2, 1),
+    ("write_dynamo_never_sees", S.UnseenByDynamo, {}, 2, 2),
+]
+
+
+@pytest.mark.parametrize("mode", ["both_layers", "aot_only"])
+@pytest.mark.parametrize("name,cls,attrs,calls,frames", CASES, ids=[c[0] for c in CASES])
+def test_aot_eager_both_modes_match_eager(name, cls, attrs, calls, frames, mode, request):
+    if mode == "aot_only":
+        request.getfixturevalue("aot_only")
+    outcome = differential(mul3, lambda: [cls(torch.arange(4.0) + 1, **attrs)], backend="aot_eager", calls=calls)
+    assert outcome.frames == frames
+
+
+@pytest.mark.parametrize("mode", ["both_layers", "aot_only"])
+def test_custom_aot_autograd_backend(mode, request):
+    if mode == "aot_only":
+        request.getfixturevalue("aot_only")
+    backend = aot_autograd(fw_compiler=nop)
+    for cls in (S.CounterTensor, S.GrowingCacheTensor, S.CachingTensor):
+        differential(mul3, lambda: [cls(torch.arange(4.0))], backend=backend, calls=2)
+
+
+def test_each_write_applied_exactly_once_in_both_modes():
+    def run():
+        x = S.CountingSets(torch.arange(4.0))
+        S.CountingSets.counted = {id(x)}
+        S.CountingSets.sets = []
+        return x
+
+    x = run()
+    mul3(x)
+    eager_sets = sorted(S.CountingSets.sets)
+    assert eager_sets == ["cache", "tag"]
+    for layer in (True, False):
+        dynamo_ext.config.dynamo_layer = layer
+        try:
+            torch._dynamo.reset()
+            x = run()
+            with residual_writes() as frames:
+                torch.compile(mul3, backend="aot_eager", fullgraph=True)(x)
+            assert sorted(S.CountingSets.sets) == eager_sets, f"dynamo_layer={layer}"
+            # Recorded in Dynamo: residual STORE_ATTRs; otherwise the AOT epilogue sets them.
+            assert sorted(frames[0].stores) == (eager_sets if layer else [])
+        finally:
+            dynamo_ext.config.dynamo_layer = True
+
+
+# ----------------------------------------------------------------- entry points without Dynamo
+
+
+@pytest.mark.parametrize("cls", [S.CounterTensor, S.GrowingCacheTensor, S.CachingTensor, S.AliasTensor])
+def test_aot_function_directly(cls):
+    from torch._functorch.aot_autograd import aot_function
+
+    def fn(x):
+        return x * 3, x + 1
+
+    compiled = aot_function(fn, fw_compiler=nop)
+    for _ in range(2):
+        e, c = cls(torch.arange(4.0)), cls(torch.arange(4.0))
+        assert_same_outputs(fn(e), compiled(c))
+        assert_same_state(e, c)
+
+
+def test_aot_module_directly():
+    from torch._functorch.aot_autograd import aot_module
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x * 3
+
+    compiled = aot_module(M(), fw_compiler=nop)
+    e, c = S.CachingTensor(torch.arange(4.0)), S.CachingTensor(torch.arange(4.0))
+    assert_same_outputs(M()(e), compiled(c))
+    assert_same_state(e, c)
+
+
+@pytest.mark.parametrize("cls", [S.CounterTensor, S.GrowingCacheTensor, S.CachingTensor])
+def test_aot_module_simplified_directly(cls):
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    def f(x):
+        return (x * 3,)
+
+    gm = torch.fx.symbolic_trace(f)
+    compiled = aot_module_simplified(gm, [cls(torch.arange(4.0))], fw_compiler=nop)
+    for _ in range(2):
+        e, c = cls(torch.arange(4.0)), cls(torch.arange(4.0))
+        assert_same_outputs(f(e), tuple(compiled(c)))
+        assert_same_state(e, c)
+
+
+def test_direct_aot_call_with_other_state_is_refused():
+    """Without Dynamo nothing guards the state: a stale replay is refused, not applied."""
+    from torch._functorch.aot_autograd import aot_function
+
+    compiled = aot_function(mul3, fw_compiler=nop)
+    x = S.CounterTensor(torch.arange(4.0))
+    compiled(x)
+    assert x.tag == 1
+    with pytest.raises(SubclassWriteError, match=RefusalKind.STALE_PLAN.gb_type) as info:
+        compiled(x)  # traced with tag == 0; eager would now leave 2
+    assert "tag=0" in str(info.value) and "tag=1" in str(info.value)
+    assert x.tag == 1
+
+
+# ----------------------------------------------------------------- refusals specific to AOT
+
+
+def test_write_in_backward_is_refused():
+    def fn(x, y):
+        return (x * y).sum()
+
+    x = S.TwoInputTensor(torch.arange(4.0), requires_grad=True)
+    y = S.TwoInputTensor(torch.arange(4.0) + 1, requires_grad=True)
+    with pytest.raises(Exception, match=RefusalKind.WRITE_IN_BACKWARD.gb_type) as info:
+        torch.compile(fn, backend="aot_eager", fullgraph=True)(x, y)
+    assert "TwoInputTensor" in str(info.value) and "'seen'" in str(info.value)
+
+
+def test_passes_that_disagree_are_refused():
+    from torch._functorch.aot_autograd import aot_function
+
+    class Flaky(S.WritingTensor):
+        n = 0
+
+        @classmethod
+        def on_op(cls, func, first):
+            if func is torch.ops.aten.mul.Tensor:
+                Flaky.n += 1
+                first.pass_no = Flaky.n  # a different constant in every pass
+
+    with pytest.raises(SubclassWriteError, match=RefusalKind.INCONSISTENT_PASSES.gb_type):
+        aot_function(mul3, fw_compiler=nop)(Flaky(torch.arange(4.0)))
+
+
+def test_export_refuses_instead_of_dropping():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x * 3
+
+    for strict in (True, False):
+        torch._dynamo.reset()
+        x = S.CounterTensor(torch.arange(4.0))
+        with pytest.raises(Exception, match="dynamo_ext: unreplayable_entry|dynamo_ext: ") as info:
+            torch.export.export(M(), (x,), strict=strict)
+        assert "tag" in str(info.value), strict
+        assert x.tag == 0
