@@ -287,6 +287,7 @@ def tracing_pass(fn: Callable[..., Any], plan: WritePlan | None, flat_outputs: b
                 before.append((i, snap))
         try:
             out = fn(*args, **kwargs)
+            _refuse_inner_metadata_mutation(leaves, before)
             writes = [(i, wr) for i, snap in before for wr in snap.writes()]
             if plan is None:
                 _refuse_unplanned(leaves, writes)
@@ -303,6 +304,28 @@ def tracing_pass(fn: Callable[..., Any], plan: WritePlan | None, flat_outputs: b
         return out, tuple(extras)
 
     return traced_call
+
+
+def _refuse_inner_metadata_mutation(leaves: Sequence[Any], before: list[tuple[int, InstanceSnapshot]]) -> None:
+    """An inner tensor's sizes/strides changed in place (``self.elem.t_()``).
+
+    Stock AOTAutograd refuses this with "Metadata mutations are currently not allowed
+    on tensor subclasses", which names neither the subclass nor the attribute.
+    Assigning a new tensor instead (``self.elem = self.elem.t()``) is a write this
+    layer replays.
+    """
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    for i, snap in before:
+        for name, value in snap.entries.items():
+            if isinstance(value, FunctionalTensor) and value is getattr(leaves[i], name, None):
+                if torch._functionalize_has_metadata_mutation(value.elem):
+                    raise SubclassWriteError(
+                        RefusalKind.INNER_METADATA_MUTATION,
+                        type(leaves[i]).__name__,
+                        name,
+                        "Tensor (sizes/strides changed in place)",
+                    )
 
 
 def _refuse_unplanned(leaves: Sequence[Any], writes: list[tuple[int, AttributeWrite]]) -> None:

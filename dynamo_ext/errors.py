@@ -31,6 +31,8 @@ class RefusalKind(str, enum.Enum):
     WRITE_IN_BACKWARD = "write_in_backward"
     #: An AOTAutograd entry point that has no run-time epilogue (export, aot_export_*).
     UNREPLAYABLE_ENTRY = "unreplayable_entry"
+    #: An inner tensor's sizes/strides were changed in place (``self.elem.t_()``).
+    INNER_METADATA_MUTATION = "inner_metadata_mutation"
     #: A directly compiled AOTAutograd function called with state other than it was traced with.
     STALE_PLAN = "stale_plan"
     #: AOTAutograd's passes disagree with what Dynamo recorded.
@@ -79,6 +81,11 @@ _WHY = {
         "This AOTAutograd entry point (torch.export, aot_export_*) produces a graph with "
         "no run-time epilogue, so the write would be silently dropped."
     ),
+    RefusalKind.INNER_METADATA_MUTATION: (
+        "An inner tensor of the subclass had its sizes or strides changed in place; "
+        "AOTAutograd cannot represent an in-place metadata change of a subclass input "
+        "(stock: 'Metadata mutations are currently not allowed on tensor subclasses')."
+    ),
     RefusalKind.STALE_PLAN: (
         "The function was compiled with AOTAutograd directly (no Dynamo, so no guards) "
         "while the input held another value of this attribute; replaying the traced "
@@ -119,6 +126,10 @@ _HINTS = {
     ],
     RefusalKind.UNREPLAYABLE_ENTRY: [
         "Use torch.compile, or apply the state change outside the exported program.",
+    ],
+    RefusalKind.INNER_METADATA_MUTATION: [
+        "Assign a new tensor instead (self.elem = self.elem.t() rather than self.elem.t_()): "
+        "dynamo_ext replays that write.",
     ],
     RefusalKind.STALE_PLAN: [
         "Compile again for this state (call aot_function / aot_module_simplified again).",

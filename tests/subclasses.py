@@ -390,3 +390,21 @@ class CountingSets(WritingTensor):
         if func is aten.mul.Tensor:
             first.tag = first.tag + 1
             first.cache = first.elem * 2
+
+
+class RestrideInner(WritingTensor):
+    """Rebinds its inner tensor to one with other strides (column-major copy)."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor and first.elem.is_contiguous():
+            first.elem = first.elem.t().contiguous().t()
+
+
+class InPlaceRestride(WritingTensor):
+    """Changes its inner tensor's strides in place."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.elem.t_()

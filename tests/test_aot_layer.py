@@ -184,3 +184,22 @@ def test_export_refuses_instead_of_dropping():
             torch.export.export(M(), (x,), strict=strict)
         assert "tag" in str(info.value), strict
         assert x.tag == 0
+
+
+@pytest.mark.parametrize("mode", ["both_layers", "aot_only"])
+def test_rebinding_inner_tensor_with_new_strides(mode, request):
+    """Flatten state whose metadata changes: supported (stock fails in unflatten's stride check)."""
+    if mode == "aot_only":
+        request.getfixturevalue("aot_only")
+    # One call: afterwards the outer strides no longer match the inner ones, which
+    # Dynamo itself cannot fakify (stock behaviour, unrelated to the write).
+    differential(mul3, lambda: [S.RestrideInner(torch.arange(6.0).view(2, 3))], backend="aot_eager", calls=1)
+
+
+def test_in_place_inner_metadata_mutation_gets_a_clear_error():
+    from torch._functorch.aot_autograd import aot_function
+
+    with pytest.raises(SubclassWriteError, match=RefusalKind.INNER_METADATA_MUTATION.gb_type) as info:
+        aot_function(mul3, fw_compiler=nop)(S.InPlaceRestride(torch.arange(6.0).view(2, 3)))
+    assert "InPlaceRestride" in str(info.value) and "'elem'" in str(info.value)
+    assert "self.elem = self.elem.t()" in str(info.value)
