@@ -115,7 +115,8 @@ class WritePlan:
         self.writes: list[PlannedWrite] | None = None
         self.n_extra = 0
         self.passes = 0
-        self._last_pass: list[InstanceSnapshot] = []
+        self.backward_writes: list[PlannedWrite] = []
+        self._passes_after: list[list[tuple[int, InstanceSnapshot]]] = []
 
     # -- compile time -------------------------------------------------------
 
@@ -189,26 +190,57 @@ class WritePlan:
         extras.append(value)
         return PlannedWrite(index, wr.name, "output", len(extras) - 1)
 
-    def remember_pass(self, snaps: list[InstanceSnapshot]) -> None:
-        self._last_pass = snaps
+    def remember_pass(self, snaps: list[tuple[int, InstanceSnapshot]]) -> None:
+        """The instances of a finished pass, as restored: anything written on them later
+        was written by the backward, which AOTAutograd traces after the forward returned."""
+        self._passes_after.append(snaps)
 
-    def check_no_late_writes(self) -> None:
-        """Writes made on the traced instances after their pass returned: the backward."""
-        for snap in self._last_pass:
-            for wr in snap.writes():
-                raise SubclassWriteError(
-                    RefusalKind.WRITE_IN_BACKWARD,
-                    type(snap.obj).__name__,
-                    wr.name,
-                    type(wr.new).__name__,
-                )
+    def plan_backward(self) -> None:
+        """Plan the writes the backward made (constants), replayed once per backward call.
+
+        The backward of a traced pass ran on instances restored to the entry state,
+        while eager's backward sees the state the forward left: exact only for attributes
+        the forward did not write, so the others are refused.
+        """
+        late: dict[tuple[int, str], PlannedWrite] = {}
+        forward = {(w.input_index, w.name) for w in self.writes or ()}
+        for snaps in self._passes_after:
+            for index, snap in snaps:
+                for wr in snap.writes():
+                    cls_name = type(snap.obj).__name__
+                    kind = classify_value(wr.new)
+                    if kind is not ValueKind.CONSTANT or wr.in_place:
+                        raise SubclassWriteError(
+                            RefusalKind.WRITE_IN_BACKWARD,
+                            cls_name,
+                            wr.name,
+                            type(wr.new).__name__,
+                            context="only constant writes are replayed at backward time",
+                        )
+                    real = self.real_inputs[index] if index < len(self.real_inputs) else None
+                    if (index, wr.name) in forward or wr.name in self.handled.get(id(real), ()):
+                        raise SubclassWriteError(
+                            RefusalKind.WRITE_IN_BACKWARD,
+                            cls_name,
+                            wr.name,
+                            type(wr.new).__name__,
+                            context="the forward writes the same attribute",
+                        )
+                    planned = PlannedWrite(index, wr.name, "constant", wr.new, entry=wr.old)
+                    seen = late.setdefault((index, wr.name), planned)
+                    if seen.signature() != planned.signature():
+                        raise SubclassWriteError(
+                            RefusalKind.INCONSISTENT_PASSES, cls_name, wr.name, type(wr.new).__name__
+                        )
+        self.backward_writes = list(late.values())
 
     # -- run time -----------------------------------------------------------
 
-    def check_entry_state(self, inputs: Sequence[Any]) -> None:
-        """Without Dynamo there are no guards: refuse a call whose inputs do not hold the
-        state the writes were traced from (the plan would replay stale values)."""
-        for w in self.writes or ():
+    def check_entry_state(self, inputs: Sequence[Any], writes: Sequence[PlannedWrite] | None = None) -> None:
+        """Refuse a call whose inputs do not hold the state the writes were traced from
+        (the plan would replay stale values). Needed where no Dynamo guard covers it:
+        direct AOTAutograd calls, and writes made in the backward."""
+        for w in self.writes or () if writes is None else writes:
             obj = inputs[w.input_index]
             now = obj.__dict__.get(w.name, MISSING)
             if w.entry is MISSING and now is MISSING:
@@ -246,7 +278,23 @@ class WritePlan:
     def replay(self, inputs: Sequence[Any], out: Any) -> Any:
         out, extras = self.strip(out)
         self.apply(inputs, extras)
+        if self.backward_writes:
+            self.on_backward(inputs, out)
         return out
+
+    def on_backward(self, inputs: Sequence[Any], out: Any) -> None:
+        """Set the backward's writes when the compiled backward of this call runs."""
+        node = _compiled_backward_node(out)
+        if node is None:  # nothing requires grad: there will be no backward
+            return
+        inputs = list(inputs)
+
+        def after_backward(grad_inputs: Any, grad_outputs: Any) -> None:
+            self.check_entry_state(inputs, self.backward_writes)
+            for w in self.backward_writes:
+                setattr(inputs[w.input_index], w.name, w.value)
+
+        node.register_hook(after_backward)
 
 
 # --------------------------------------------------------------------------- #
@@ -254,7 +302,7 @@ class WritePlan:
 # --------------------------------------------------------------------------- #
 
 
-def _seed_constants(traced: Any, real: Any, snap: InstanceSnapshot) -> None:
+def _seed_constants(traced: Any, real: Any) -> None:
     """Hand a pass's instance the real input's state that unflatten cannot restore."""
     mine = traced.__dict__
     for name, value in real.__dict__.items():
@@ -262,7 +310,6 @@ def _seed_constants(traced: Any, real: Any, snap: InstanceSnapshot) -> None:
             copied = seed_copy(value)
             if copied is not MISSING:
                 mine[name] = copied
-                snap.note_seeded(name, copied)
 
 
 def tracing_pass(fn: Callable[..., Any], plan: WritePlan | None, flat_outputs: bool) -> Callable[..., Any]:
@@ -276,15 +323,14 @@ def tracing_pass(fn: Callable[..., Any], plan: WritePlan | None, flat_outputs: b
     def traced_call(*args: Any, **kwargs: Any) -> Any:
         leaves = pytree.arg_tree_leaves(*args, **kwargs)
         reals = plan.real_inputs if plan is not None else []
-        entry: list[InstanceSnapshot] = []  # to restore
-        before: list[tuple[int, InstanceSnapshot]] = []  # to diff (seeded state included)
+        # Entry state: what unflatten restored plus the real input's constants (seeded).
+        # Each pass is diffed against it and put back to it; so is the backward's start.
+        before: list[tuple[int, InstanceSnapshot]] = []
         for i, a in enumerate(leaves):
             if is_watched_type(a):
-                entry.append(InstanceSnapshot(a))
-                snap = InstanceSnapshot(a)
                 if i < len(reals) and is_watched_type(reals[i]):
-                    _seed_constants(a, reals[i], snap)
-                before.append((i, snap))
+                    _seed_constants(a, reals[i])
+                before.append((i, InstanceSnapshot(a)))
         try:
             out = fn(*args, **kwargs)
             _refuse_inner_metadata_mutation(leaves, before)
@@ -295,15 +341,33 @@ def tracing_pass(fn: Callable[..., Any], plan: WritePlan | None, flat_outputs: b
             else:
                 extras = plan.plan_pass(leaves, writes, {i: snap.entries for i, snap in before})
         finally:
-            for snap in entry:
+            for _, snap in before:
                 snap.restore()
         if plan is not None:
-            plan.remember_pass([InstanceSnapshot(snap.obj) for snap in entry])
+            plan.remember_pass([(i, InstanceSnapshot(snap.obj)) for i, snap in before])
         if flat_outputs:
             return (*out, *extras) if extras else out
         return out, tuple(extras)
 
     return traced_call
+
+
+def _compiled_backward_node(out: Any) -> Any:
+    """The autograd node of AOTAutograd's compiled backward behind these outputs."""
+    for t in pytree.tree_leaves(out):
+        if not isinstance(t, torch.Tensor) or t.grad_fn is None:
+            continue
+        stack, seen = [t.grad_fn], set()
+        while stack:  # below view-replay and subclass wrapping nodes
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if "CompiledFunction" in type(node).__name__:
+                return node
+            stack.extend(n for n, _ in node.next_functions)
+        return t.grad_fn
+    return None
 
 
 def _refuse_inner_metadata_mutation(leaves: Sequence[Any], before: list[tuple[int, InstanceSnapshot]]) -> None:
@@ -368,7 +432,7 @@ def _compile_with_plan(plan: WritePlan, compile_: Callable[[], Any]) -> Any:
 
     with _pushed("plans", plan), functorch_config.patch(enable_autograd_cache=False):
         compiled = compile_()
-    plan.check_no_late_writes()
+    plan.plan_backward()
     return compiled
 
 
@@ -384,7 +448,7 @@ def make_aot_module_simplified_hook(original: Callable[..., Any]) -> Callable[..
         handled = _top("handled")
         plan = WritePlan(handled)
         compiled = _compile_with_plan(plan, lambda: original(mod, args, *rest, **kwargs))
-        if not plan.writes:
+        if not plan.writes and not plan.backward_writes:
             return compiled
         n_params = len(plan.real_inputs) - len(args)
         params = plan.real_inputs[:n_params]
@@ -437,6 +501,8 @@ def make_aot_function_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                 plan.check_entry_state(leaves)
                 out, extras = compiled(*args, **kw)
             plan.apply(leaves, extras)
+            if plan.backward_writes:
+                plan.on_backward(leaves, out)
             return out
 
         return returned_function

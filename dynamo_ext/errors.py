@@ -73,9 +73,10 @@ _WHY = {
         "plain Python objects, not on tensor inputs, so the deletion would be lost."
     ),
     RefusalKind.WRITE_IN_BACKWARD: (
-        "The write happened while the backward was traced. Eager applies it when "
-        ".backward() runs; replaying writes at backward time is not supported yet, and "
-        "applying it after the forward would be wrong."
+        "The write happened in the backward. dynamo_ext replays a backward write when the "
+        "compiled backward runs if its value is a constant and the forward does not write "
+        "the same attribute (the traced backward starts from the state before the forward); "
+        "this one is not such a write."
     ),
     RefusalKind.UNREPLAYABLE_ENTRY: (
         "This AOTAutograd entry point (torch.export, aot_export_*) produces a graph with "
@@ -122,7 +123,8 @@ _HINTS = {
         "Reset the attribute to None instead of deleting it.",
     ],
     RefusalKind.WRITE_IN_BACKWARD: [
-        "Make the write in the forward (on the op that saves the input), or on the gradient.",
+        "Record a constant in the backward, in an attribute the forward leaves alone.",
+        "Or make the write on the gradient instead of the saved input.",
     ],
     RefusalKind.UNREPLAYABLE_ENTRY: [
         "Use torch.compile, or apply the state change outside the exported program.",

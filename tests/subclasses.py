@@ -408,3 +408,15 @@ class InPlaceRestride(WritingTensor):
     def on_op(cls, func, first):
         if func is aten.mul.Tensor:
             first.elem.t_()
+
+
+class BackwardMarker(WritingTensor):
+    """Records on its saved inputs that a backward multiplication used them."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is aten.mul.Tensor and torch._C._current_graph_task_id() != -1:
+            for a in args[1:]:
+                if isinstance(a, cls):
+                    a.used_in_backward = "mul"
+        return super().__torch_dispatch__(func, types, args, kwargs)

@@ -145,7 +145,30 @@ def test_direct_aot_call_with_other_state_is_refused():
 # ----------------------------------------------------------------- refusals specific to AOT
 
 
-def test_write_in_backward_is_refused():
+@pytest.mark.parametrize("mode", ["both_layers", "aot_only"])
+def test_backward_write_applied_when_backward_runs(mode, request):
+    if mode == "aot_only":
+        request.getfixturevalue("aot_only")
+
+    def fn(x, y):
+        return (x * y).sum()
+
+    def make():
+        return [S.BackwardMarker(torch.arange(4.0) + 1, requires_grad=True) for _ in range(2)]
+
+    ex, ey = make()
+    cx, cy = make()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    e_out, c_out = fn(ex, ey), compiled(cx, cy)
+    assert not hasattr(ey, "used_in_backward") and not hasattr(cy, "used_in_backward")  # not before backward
+    e_out.backward()
+    c_out.backward()
+    assert_same_state(ex, cx)
+    assert_same_state(ey, cy)
+    assert cy.used_in_backward == "mul"
+
+
+def test_backward_write_depending_on_forward_write_is_refused():
     def fn(x, y):
         return (x * y).sum()
 
