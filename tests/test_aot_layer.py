@@ -226,3 +226,21 @@ def test_in_place_inner_metadata_mutation_gets_a_clear_error():
         aot_function(mul3, fw_compiler=nop)(S.InPlaceRestride(torch.arange(6.0).view(2, 3)))
     assert "InPlaceRestride" in str(info.value) and "'elem'" in str(info.value)
     assert "self.elem = self.elem.t()" in str(info.value)
+
+
+def test_backward_write_with_aot_function_directly():
+    from torch._functorch.aot_autograd import aot_function
+
+    def fn(x, y):
+        return (x * y).sum()
+
+    compiled = aot_function(fn, fw_compiler=nop, bw_compiler=nop)
+    for _ in range(2):
+        ex, ey = (S.BackwardMarker(torch.arange(4.0) + 1, requires_grad=True) for _ in range(2))
+        cx, cy = (S.BackwardMarker(torch.arange(4.0) + 1, requires_grad=True) for _ in range(2))
+        fn(ex, ey).backward()
+        out = compiled(cx, cy)
+        assert not hasattr(cy, "used_in_backward")
+        out.backward()
+        assert_same_state(ey, cy)
+        torch.testing.assert_close(cx.grad.elem, ex.grad.elem)
