@@ -14,6 +14,7 @@ Modules, in the order of the flow:
     dynamo_layer  records writes with Dynamo's SideEffects (compile time);
                   Dynamo's residual bytecode replays them (run time)
     aot_layer     keeps AOTAutograd's tracing passes starting from entry state
+    ctx_state     journal / undo of state on objects reachable from a ctx (DTensor's MaskBuffer)
     errors        refusals
 """
 
@@ -22,8 +23,9 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from . import _compat, aot_layer, config, dynamo_layer
+from . import _compat, aot_layer, config, ctx_state, dynamo_layer
 from ._patches import Patch, PatchSet, PatchTargetError
+from .ctx_state import register_ctx_state
 from .errors import RefusalKind, SubclassWriteError
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "SubclassWriteError",
     "PatchTargetError",
     "TABLE",
+    "register_ctx_state",
 ]
 
 __version__ = "0.1.0"
@@ -120,6 +123,7 @@ def enable() -> None:
     """Apply the patch table. Idempotent. Fails naming the target on an unsupported torch."""
     _compat.check_supported()
     _PATCHES.apply()
+    ctx_state.register_defaults()
 
 
 def disable() -> None:

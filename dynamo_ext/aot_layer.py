@@ -54,6 +54,7 @@ from .capture import (
     is_watched_type,
     seed_copy,
 )
+from .ctx_state import Journal
 from .errors import RefusalKind, SubclassWriteError
 
 _local = threading.local()
@@ -101,9 +102,14 @@ class PlannedWrite:
     kind: str  # "constant" | "output" | "input" | "inner"
     value: Any = None  # the constant; the extra-output position; the input position; (position, inner name)
     entry: Any = MISSING  # the attribute's value when the pass started, if a constant (or absent)
+    obj: Any = None  # set for a write on an object reachable from a ctx (then input_index is -1)
 
     def signature(self) -> tuple:
-        return (self.input_index, self.name, self.kind, self.value if self.kind != "constant" else repr(self.value))
+        where = ("obj", id(self.obj)) if self.obj is not None else self.input_index
+        return (where, self.name, self.kind, self.value if self.kind != "constant" else repr(self.value))
+
+    def target(self, inputs: Sequence[Any]) -> Any:
+        return self.obj if self.obj is not None else inputs[self.input_index]
 
 
 class WritePlan:
@@ -130,32 +136,36 @@ class WritePlan:
         args: Sequence[Any],
         writes: list[tuple[int, AttributeWrite]],
         entry: dict[int, dict[str, Any]],
+        object_writes: Sequence[tuple[Any, AttributeWrite]] = (),
     ) -> list[Any]:
         """Classify one pass's writes; check they agree with earlier passes; return extra outputs.
 
-        ``entry``: the attributes of each watched argument when the pass started.
+        ``writes``: on the watched arguments, by position; ``object_writes``: on objects
+        reachable from a ctx (``ctx_state``); ``entry``: the attributes of each watched
+        argument when the pass started.
         """
         planned: list[PlannedWrite] = []
         extras: list[Any] = []
-        for index, wr in writes:
-            if self._skip(index, wr.name):
-                continue
-            cls_name = type(args[index]).__name__
+        todo = [(i, None, wr) for i, wr in writes if not self._skip(i, wr.name)]
+        todo += [(-1, obj, wr) for obj, wr in object_writes]
+        for index, obj, wr in todo:
+            cls_name = type(obj if obj is not None else args[index]).__name__
             kind = classify_value(wr.new)
             if wr.in_place:
                 raise SubclassWriteError(RefusalKind.IN_PLACE_MUTATION, cls_name, wr.name, type(wr.new).__name__)
             if kind is ValueKind.DELETE:
                 raise SubclassWriteError(RefusalKind.DELETED_ATTRIBUTE, cls_name, wr.name, type(wr.old).__name__)
             if kind is ValueKind.CONSTANT:
-                planned.append(PlannedWrite(index, wr.name, "constant", wr.new))
+                write = PlannedWrite(index, wr.name, "constant", wr.new)
             elif kind in (ValueKind.TENSOR, ValueKind.SYMBOLIC):
-                planned.append(self._plan_graph_value(args, index, wr, entry, extras))
+                write = self._plan_graph_value(args, index, wr, entry, extras)
             elif kind is ValueKind.MUTABLE:
                 raise SubclassWriteError(RefusalKind.MUTABLE_VALUE, cls_name, wr.name, type(wr.new).__name__)
             else:
                 raise SubclassWriteError(RefusalKind.OPAQUE_VALUE, cls_name, wr.name, type(wr.new).__name__)
             if wr.old is MISSING or classify_value(wr.old) is ValueKind.CONSTANT:
-                planned[-1] = dataclasses.replace(planned[-1], entry=wr.old)
+                write = dataclasses.replace(write, entry=wr.old)
+            planned.append(dataclasses.replace(write, obj=obj) if obj is not None else write)
         self.passes += 1
         if self.writes is None:
             self.writes, self.n_extra = planned, len(extras)
@@ -163,7 +173,7 @@ class WritePlan:
             first = (planned or self.writes)[0]
             raise SubclassWriteError(
                 RefusalKind.INCONSISTENT_PASSES,
-                type(args[first.input_index]).__name__,
+                type(first.target(args)).__name__,
                 first.name,
                 "see context",
                 context=f"pass 1 planned {self.writes}; pass {self.passes} planned {planned}",
@@ -241,7 +251,7 @@ class WritePlan:
         (the plan would replay stale values). Needed where no Dynamo guard covers it:
         direct AOTAutograd calls, and writes made in the backward."""
         for w in self.writes or () if writes is None else writes:
-            obj = inputs[w.input_index]
+            obj = w.target(inputs)
             now = obj.__dict__.get(w.name, MISSING)
             if w.entry is MISSING and now is MISSING:
                 continue
@@ -253,6 +263,10 @@ class WritePlan:
                     type(now).__name__,
                     context=f"traced with {w.name}={w.entry!r}, called with {w.name}={now!r}",
                 )
+
+    @property
+    def object_writes(self) -> list[PlannedWrite]:
+        return [w for w in self.writes or () if w.obj is not None]
 
     def strip(self, out: Any) -> tuple[Any, Sequence[Any]]:
         """Split the compiled callable's outputs into the caller's and the extra ones."""
@@ -273,10 +287,13 @@ class WritePlan:
             else:
                 j, inner = w.value
                 value = getattr(inputs[j], inner)
-            setattr(inputs[w.input_index], w.name, value)
+            setattr(w.target(inputs), w.name, value)
 
     def replay(self, inputs: Sequence[Any], out: Any) -> Any:
         out, extras = self.strip(out)
+        if self.object_writes:
+            # No guard covers state reachable from a ctx (it is shared, not an input).
+            self.check_entry_state(inputs, self.object_writes)
         self.apply(inputs, extras)
         if self.backward_writes:
             self.on_backward(inputs, out)
@@ -331,16 +348,20 @@ def tracing_pass(fn: Callable[..., Any], plan: WritePlan | None, flat_outputs: b
                 if i < len(reals) and is_watched_type(reals[i]):
                     _seed_constants(a, reals[i])
                 before.append((i, InstanceSnapshot(a)))
+        journal = Journal().open()
         try:
             out = fn(*args, **kwargs)
             _refuse_inner_metadata_mutation(leaves, before)
             writes = [(i, wr) for i, snap in before for wr in snap.writes()]
+            object_writes = [(obj, AttributeWrite(name, old, new)) for obj, name, old, new in journal.net_writes()]
             if plan is None:
-                _refuse_unplanned(leaves, writes)
+                _refuse_unplanned(leaves, writes + [(-1, wr) for _, wr in object_writes])
                 extras: list[Any] = []
             else:
-                extras = plan.plan_pass(leaves, writes, {i: snap.entries for i, snap in before})
+                extras = plan.plan_pass(leaves, writes, {i: snap.entries for i, snap in before}, object_writes)
         finally:
+            journal.undo()
+            journal.close()
             for _, snap in before:
                 snap.restore()
         if plan is not None:
@@ -397,7 +418,7 @@ def _refuse_unplanned(leaves: Sequence[Any], writes: list[tuple[int, AttributeWr
         index, wr = writes[0]
         raise SubclassWriteError(
             RefusalKind.UNREPLAYABLE_ENTRY,
-            type(leaves[index]).__name__,
+            type(leaves[index]).__name__ if index >= 0 else "a ctx object",
             wr.name,
             type(wr.new).__name__,
         )

@@ -31,6 +31,7 @@ import torch
 import torch.fx
 
 from . import aot_layer, config
+from .ctx_state import Journal
 from .capture import (
     MISSING,
     AttributeWrite,
@@ -124,6 +125,9 @@ class FrameState:
         self.guarded_reads: set[tuple[int, str]] = set()
         # Writes recorded with SideEffects, per real input: the AOT layer leaves them alone.
         self.recorded: dict[int, tuple[Any, set[str]]] = {}
+        # Writes on objects reachable from a ctx (ctx_state): isolation only; dispatch
+        # replays them at run time with backend="eager", the AOT layer otherwise.
+        self.journal = Journal()
         self._by_fake: dict[int, Any] = {}
         self._n_inputs = -1
 
@@ -150,6 +154,8 @@ class FrameState:
     def restore_all(self) -> None:
         for snap in self.originals.values():
             snap.restore()
+        self.journal.undo()
+        self.journal.close()
 
 
 def frame_state(output: Any) -> FrameState:
@@ -506,6 +512,7 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         if "example_value" in node.meta:  # original returns the cached value, runs nothing
             return original(node, tx, allow_non_graph_fake)
         state = frame_state(tx.output)
+        state.journal.open()  # writes on ctx objects (MaskBuffer): undone before compiling
         watched = _watched_args(node, tx, state)
         if not watched:
             return original(node, tx, allow_non_graph_fake)

@@ -1,0 +1,131 @@
+"""State held by objects reachable from a subclass's flatten ctx: journal and undo.
+
+Some subclasses keep mutable state not on the tensor but on an object its ctx
+points to, shared by reference with every instance unflattened from that ctx:
+DTensor's ``_MaskPartial`` placement holds a ``MaskBuffer`` whose ``data`` and
+``refcount`` dispatch sets and clears (``materialize_mask`` / ``release_mask``).
+The same object is also shared across calls through DTensor's sharding
+propagation caches, so a write made while tracing lands in eager's state
+(pytorch #160697 and the "conflicting data" / "Please convert all Tensors to
+FakeTensors" failures after a compile).
+
+A ``__dict__`` diff of the tensor cannot see these writes, and the object is
+often created inside dispatch (reachable only from an *output*), so it cannot be
+discovered from the inputs before the op.  Instead its class is registered
+(``register_ctx_state``; DTensor's ``MaskBuffer`` is registered by default) and,
+while a ``Journal`` is open, every attribute assignment on an instance of a
+registered class is journaled with the value it replaced.  Tracing passes open a
+journal, read the net writes off it, and undo them.  This is the compile-time
+half; the AOTAutograd layer replays the net writes at run time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .capture import MISSING, _same_value
+
+_REGISTERED: set[type] = set()
+_OPEN: list["Journal"] = []
+_INSTALLED: dict[type, Any] = {}  # class -> its own __setattr__ before ours (or MISSING)
+
+
+def register_ctx_state(cls: type) -> type:
+    """Declare that instances of ``cls`` hold state that dispatch mutates and that is
+    reachable from a flatten ctx. Usable as a class decorator."""
+    _REGISTERED.add(cls)
+    return cls
+
+
+def registered() -> frozenset[type]:
+    return frozenset(_REGISTERED)
+
+
+def register_defaults() -> None:
+    from ._compat import HAS_DISTRIBUTED
+
+    if HAS_DISTRIBUTED:
+        from torch.distributed.tensor._ops._mask_buffer import MaskBuffer
+
+        register_ctx_state(MaskBuffer)
+
+
+def _make_setattr(cls: type, prev: Any) -> Callable[[Any, str, Any], None]:
+    def __setattr__(obj: Any, name: str, value: Any) -> None:
+        for journal in _OPEN:
+            journal.note(obj, name)
+        if prev is MISSING:
+            super(cls, obj).__setattr__(name, value)
+        else:
+            prev(obj, name, value)
+
+    return __setattr__
+
+
+def _install() -> None:
+    for cls in _REGISTERED:
+        if cls not in _INSTALLED:
+            _INSTALLED[cls] = cls.__dict__.get("__setattr__", MISSING)
+            cls.__setattr__ = _make_setattr(cls, _INSTALLED[cls])  # type: ignore[method-assign]
+
+
+def _uninstall() -> None:
+    for cls, prev in _INSTALLED.items():
+        if prev is MISSING:
+            del cls.__setattr__
+        else:
+            cls.__setattr__ = prev  # type: ignore[method-assign]
+    _INSTALLED.clear()
+
+
+class Journal:
+    """While open: the value each attribute of each registered object had before its first write."""
+
+    def __init__(self) -> None:
+        self._old: dict[tuple[int, str], tuple[Any, str, Any]] = {}
+        self._open = False
+
+    def open(self) -> "Journal":
+        if not self._open:
+            if not _OPEN:
+                _install()
+            _OPEN.append(self)
+            self._open = True
+        return self
+
+    def close(self) -> None:
+        if self._open:
+            _OPEN.remove(self)
+            self._open = False
+            if not _OPEN:
+                _uninstall()
+
+    def __enter__(self) -> "Journal":
+        return self.open()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def note(self, obj: Any, name: str) -> None:
+        key = (id(obj), name)
+        if key not in self._old:
+            self._old[key] = (obj, name, obj.__dict__.get(name, MISSING))
+
+    def net_writes(self) -> list[tuple[Any, str, Any, Any]]:
+        """``(object, attribute, value before, value now)`` for every attribute that changed."""
+        out = []
+        for obj, name, old in self._old.values():
+            new = obj.__dict__.get(name, MISSING)
+            if old is MISSING or new is MISSING or not _same_value(old, new):
+                if not (old is MISSING and new is MISSING):
+                    out.append((obj, name, old, new))
+        return out
+
+    def undo(self) -> None:
+        """Put every journaled attribute back, newest first."""
+        for obj, name, old in reversed(list(self._old.values())):
+            if old is MISSING:
+                obj.__dict__.pop(name, None)
+            else:
+                obj.__dict__[name] = old
+        self._old.clear()
