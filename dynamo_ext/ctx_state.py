@@ -21,9 +21,14 @@ half; the AOTAutograd layer replays the net writes at run time.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+import torch
 
 from .capture import MISSING, _same_value
+
+#: A path from a tensor to an object: ("attr", name) and ("item", index) steps.
+Path = tuple[tuple[str, Any], ...]
 
 _REGISTERED: set[type] = set()
 _OPEN: list["Journal"] = []
@@ -129,3 +134,45 @@ class Journal:
             else:
                 obj.__dict__[name] = old
         self._old.clear()
+
+
+def find_state(root: Any, max_depth: int = 5) -> Iterator[tuple[Path, Any]]:
+    """Registered state objects reachable from ``root``'s attributes (through plain
+    objects, dataclasses, tuples and lists), with the path that reaches each."""
+    if not _REGISTERED:
+        return
+    seen: set[int] = set()
+
+    def walk(value: Any, path: Path, depth: int) -> Iterator[tuple[Path, Any]]:
+        if id(value) in seen or isinstance(value, (torch.Tensor, type)) or callable(value):
+            return
+        seen.add(id(value))
+        if type(value) in _REGISTERED:
+            yield path, value
+        elif depth < max_depth:
+            if isinstance(value, (tuple, list)):
+                for i, v in enumerate(value):
+                    yield from walk(v, path + (("item", i),), depth + 1)
+            elif hasattr(value, "__dict__") and not isinstance(value, type(torch)):
+                for k, v in list(vars(value).items()):
+                    yield from walk(v, path + (("attr", k),), depth + 1)
+
+    for k in _attribute_names(root):
+        if hasattr(root, k):
+            yield from walk(getattr(root, k), (("attr", k),), 1)
+
+
+def _attribute_names(obj: Any) -> list[str]:
+    """``__dict__`` keys and ``__slots__`` (DTensor keeps ``_spec`` in a slot)."""
+    names = list(vars(obj)) if hasattr(obj, "__dict__") else []
+    for klass in type(obj).__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        names += [slots] if isinstance(slots, str) else [n for n in slots if n not in ("__dict__", "__weakref__")]
+    return list(dict.fromkeys(names))
+
+
+def follow(root: Any, path: Path) -> Any:
+    obj = root
+    for kind, key in path:
+        obj = getattr(obj, key) if kind == "attr" else obj[key]
+    return obj

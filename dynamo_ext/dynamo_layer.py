@@ -30,7 +30,7 @@ from typing import Any, Callable, NoReturn
 import torch
 import torch.fx
 
-from . import aot_layer, config
+from . import aot_layer, config, ctx_state
 from .ctx_state import Journal
 from .capture import (
     MISSING,
@@ -71,6 +71,13 @@ def seed_attr(obj: Any, name: str, value: Any) -> None:
     """
     if name not in obj.__dict__:
         obj.__dict__[name] = value if isinstance(value, torch.Tensor) else seed_copy(value)
+
+
+def seed_ctx_state(obj: Any, path: tuple, name: str, value: Any) -> None:
+    """Hand the state object reachable from ``obj`` at ``path`` its tensor ``name`` as a
+    graph input (a mask held by DTensor's MaskBuffer, say). Traces see the traced
+    value; at run time it is the value the object already holds."""
+    setattr(ctx_state.follow(obj, path), name, value)
 
 
 # Constants FX cannot print as literals are passed to the graph by key.
@@ -128,6 +135,7 @@ class FrameState:
         # Writes on objects reachable from a ctx (ctx_state): isolation only; dispatch
         # replays them at run time with backend="eager", the AOT layer otherwise.
         self.journal = Journal()
+        self.lifted: set[tuple[int, str]] = set()  # (id(state object), attribute) made graph inputs
         self._by_fake: dict[int, Any] = {}
         self._n_inputs = -1
 
@@ -356,6 +364,36 @@ def _seed_tensor(tx: Any, node: torch.fx.Node, w: _Watched, name: str) -> None:
     w.fake.__dict__[name] = proxy.node.meta["example_value"]
 
 
+def _lift_ctx_state(tx: Any, node: torch.fx.Node, w: _Watched, state: FrameState) -> None:
+    """Tensors held by state objects reachable from the input's ctx become graph inputs.
+
+    They are real tensors shared by reference with the fake input (the ctx is not
+    copied by fakification), which fake propagation cannot use (pytorch: "Please
+    convert all Tensors to FakeTensors first"), and AOTAutograd must see them as
+    inputs, not trace-time constants. The fake takes the graph input's fake value
+    (journaled, so undone before the graph is compiled); a ``seed_ctx_state`` node
+    before ``node`` hands AOTAutograd's passes the traced value.
+    """
+    from torch._dynamo.source import AttrSource, GetItemSource
+    from torch._dynamo.variables.builder import VariableBuilder
+    from torch._dynamo.variables.lazy import LazyVariableTracker
+
+    for path, obj in ctx_state.find_state(w.real):
+        for name, value in list(vars(obj).items()):
+            if not isinstance(value, torch.Tensor) or (id(obj), name) in state.lifted:
+                continue
+            state.lifted.add((id(obj), name))
+            source = w.source
+            for kind, key in path:
+                source = AttrSource(source, key) if kind == "attr" else GetItemSource(source, key)
+            vt = LazyVariableTracker.realize_all(VariableBuilder(tx, AttrSource(source, name))(value))
+            proxy = vt.as_proxy()
+            with node.graph.inserting_before(node):
+                seed = node.graph.call_function(seed_ctx_state, (w.vt.as_proxy().node, path, name, proxy.node))
+            seed.meta["example_value"] = None
+            setattr(obj, name, proxy.node.meta["example_value"])
+
+
 def _refuse(kind: RefusalKind, w: _Watched, attr: str, value_type: str, context: str = "") -> NoReturn:
     """Refuse a write or read on ``w`` (a graph break, or an error under fullgraph=True).
 
@@ -517,6 +555,8 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         if not watched:
             return original(node, tx, allow_non_graph_fake)
         for w in watched:
+            if id(w.fake) not in state.originals:
+                _lift_ctx_state(tx, node, w, state)
             state.remember(w.fake)
         while True:
             snaps = [InstanceSnapshot(w.fake) for w in watched]

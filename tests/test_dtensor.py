@@ -1,0 +1,155 @@
+"""DTensor's vocab-parallel embedding: the mask written into a placement's MaskBuffer.
+
+Single process with the fake process group (world size 2 and 4: world size 1 never
+builds a mask). Numbers under the fake group are not a real all-reduce, but eager and
+compiled run the same collectives, so they must agree exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from harness import leaked_fakes, stock_torch
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["ws2", "ws4"])
+def mesh(request):
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=request.param)
+    try:
+        yield init_device_mesh("cpu", (request.param,))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    _clear_sharding_prop_cache()  # every test starts with new MaskBuffer objects
+    yield
+    _clear_sharding_prop_cache()
+
+
+def _inputs(mesh):
+    torch.manual_seed(0)
+    w = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])
+    ids = distribute_tensor(torch.tensor([[1, 5, 7, 2], [0, 3, 6, 4]]), mesh, [Replicate()])
+    return ids, w
+
+
+def embedding(ids, w):
+    return torch.nn.functional.embedding(ids, w)
+
+
+def _mask_state(t):
+    buf = t.placements[0].mask_buffer
+    return buf.refcount, (None if buf.data is None else buf.data.clone())
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_partial_embedding_returned_then_reduced_in_eager(mesh, backend):
+    ids, w = _inputs(mesh)
+    expected_out = embedding(ids, w)
+    expected_state = _mask_state(expected_out)
+    expected = expected_out.full_tensor()
+    _clear_sharding_prop_cache()
+
+    out = torch.compile(embedding, backend=backend, fullgraph=True)(ids, w)
+    refcount, data = _mask_state(out)
+    assert refcount == expected_state[0] == 1
+    assert type(data) is torch.Tensor and torch.equal(data, expected_state[1])
+    assert not leaked_fakes(out.placements[0].mask_buffer)
+    torch.testing.assert_close(out.full_tensor(), expected)
+    assert _mask_state(out) == (0, None)  # released by the reduction, as in eager
+
+
+def test_eager_after_compile_behaves_as_if_no_compile_happened(mesh):
+    ids, w = _inputs(mesh)
+    reference = embedding(ids, w).full_tensor()
+    torch.compile(embedding, backend="aot_eager", fullgraph=True)(ids, w).full_tensor()
+    torch.testing.assert_close(embedding(ids, w).full_tensor(), reference)
+
+
+def test_stock_compile_pollutes_eager_and_dynamo_ext_does_not(mesh):
+    ids, w = _inputs(mesh)
+    with stock_torch():
+        with pytest.raises(Exception):
+            torch.compile(embedding, backend="aot_eager", fullgraph=True)(ids, w)
+        with pytest.raises(AssertionError, match="convert all Tensors to FakeTensors"):
+            embedding(ids, w).full_tensor()  # the shared MaskBuffer holds a fake tensor
+    _clear_sharding_prop_cache()
+    torch.compile(embedding, backend="aot_eager", fullgraph=True)(ids, w).full_tensor()
+    embedding(ids, w).full_tensor()
+
+
+def test_failed_compile_leaves_no_trace_time_state(mesh):
+    ids, w = _inputs(mesh)
+
+    def failing_backend(gm, example_inputs):
+        raise RuntimeError("backend gave up")
+
+    with pytest.raises(Exception, match="backend gave up"):
+        torch.compile(embedding, backend=failing_backend, fullgraph=True)(ids, w)
+    out = embedding(ids, w)
+    assert type(out.placements[0].mask_buffer.data) is torch.Tensor
+    out.full_tensor()
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_reduction_inside_the_compiled_region(mesh, backend):
+    ids, w = _inputs(mesh)
+
+    def fn(ids, w):
+        return embedding(ids, w).full_tensor()
+
+    expected = fn(ids, w)
+    torch.testing.assert_close(torch.compile(fn, backend=backend, fullgraph=True)(ids, w), expected)
+
+
+class TinyTP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(16, 8)
+        self.up = nn.Linear(8, 16)
+        self.down = nn.Linear(16, 8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, ids):
+        return self.head(self.down(torch.relu(self.up(self.emb(ids)))))
+
+
+def tp_model(mesh):
+    torch.manual_seed(0)
+    m = TinyTP()
+    plan = {"emb": RowwiseParallel(input_layouts=Replicate()), "up": ColwiseParallel(), "down": RowwiseParallel()}
+    return parallelize_module(m, mesh, plan)
+
+
+def loss_fn(m, ids, y):
+    return torch.nn.functional.cross_entropy(m(ids).flatten(0, 1), y.flatten())
+
+
+@pytest.mark.parametrize("backend", ["aot_eager"])
+def test_tensor_parallel_model_compiled_whole_matches_eager(mesh, backend):
+    g = torch.Generator().manual_seed(1)
+    ids, y = torch.randint(0, 16, (2, 5), generator=g), torch.randint(0, 4, (2, 5), generator=g)
+    curves = {}
+    for mode in ("eager", "compiled"):
+        m = tp_model(mesh)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        f = loss_fn if mode == "eager" else torch.compile(loss_fn, backend=backend, fullgraph=True)
+        curve = []
+        for _ in range(3):
+            loss = f(m, ids, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            curve.append(loss.item())
+        curves[mode] = curve
+    assert curves["compiled"] == curves["eager"]
