@@ -60,6 +60,14 @@ TABLE: list[Patch] = [
         why="Restore the fake example values before codegen, guards and the backend see them.",
     ),
     Patch(
+        "torch._dynamo.guards",
+        "deepcopy",
+        ctx_state.make_guard_deepcopy,
+        why="Guards deep-copy subclass ctx (DTensor specs) to compare later calls with it; "
+        "objects registered with register_ctx_state are shared state compared by identity "
+        "(_MaskPartial.__eq__), so the copy must keep them or the guard never holds.",
+    ),
+    Patch(
         "torch._functorch.aot_autograd",
         "prepare_aot_module_simplified",
         aot_layer.make_prepare_hook,

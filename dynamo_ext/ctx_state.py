@@ -136,9 +136,10 @@ class Journal:
         self._old.clear()
 
 
-def find_state(root: Any, max_depth: int = 5) -> Iterator[tuple[Path, Any]]:
+def find_state(root: Any, max_depth: int = 5, from_value: bool = False) -> Iterator[tuple[Path, Any]]:
     """Registered state objects reachable from ``root``'s attributes (through plain
-    objects, dataclasses, tuples and lists), with the path that reaches each."""
+    objects, dataclasses, tuples and lists), with the path that reaches each.
+    ``from_value``: start at ``root`` itself (a ctx) rather than at its attributes."""
     if not _REGISTERED:
         return
     seen: set[int] = set()
@@ -157,9 +158,36 @@ def find_state(root: Any, max_depth: int = 5) -> Iterator[tuple[Path, Any]]:
                 for k, v in list(vars(value).items()):
                     yield from walk(v, path + (("attr", k),), depth + 1)
 
+    if from_value:
+        yield from walk(root, (), 0)
+        return
     for k in _attribute_names(root):
         if hasattr(root, k):
             yield from walk(getattr(root, k), (("attr", k),), 1)
+
+
+def make_guard_deepcopy(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``deepcopy`` as bound in ``torch._dynamo.guards``.
+
+    Guards deep-copy a subclass's ctx (DTensor's spec) to compare later calls with
+    it. A registered state object is shared state, not a value: a copy breaks
+    identity-based equality (``_MaskPartial.__eq__`` compares its MaskBuffer with
+    ``is``), and copying its holder may even drop it (a copied ``_MaskPartial`` has
+    no ``mask_buffer``), so the guard would fail on the very frame that built it.
+    The copy keeps registered objects, and the objects on the way to them, as they are.
+    """
+
+    def deepcopy(x: Any, memo: Any = None, *args: Any) -> Any:
+        if _REGISTERED:
+            memo = {} if memo is None else memo
+            for path, _ in find_state(x, from_value=True):
+                cur = x
+                for step in path:
+                    cur = follow(cur, (step,))
+                    memo[id(cur)] = cur
+        return original(x, memo, *args)
+
+    return deepcopy
 
 
 def _attribute_names(obj: Any) -> list[str]:

@@ -17,6 +17,8 @@ from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+import torch._dynamo.testing
+
 from harness import leaked_fakes, stock_torch
 
 
@@ -153,3 +155,54 @@ def test_tensor_parallel_model_compiled_whole_matches_eager(mesh, backend):
             curve.append(loss.item())
         curves[mode] = curve
     assert curves["compiled"] == curves["eager"]
+
+
+def _emb_then_break(ids, w):
+    e = embedding(ids, w)
+    torch._dynamo.graph_break()
+    return e.full_tensor()
+
+
+def _emb_then_break_redistribute(ids, w):
+    e = embedding(ids, w)
+    torch._dynamo.graph_break()
+    return e.redistribute(e.device_mesh, [Replicate()]).to_local()
+
+
+AOT_BLOCKER = (
+    "AOTAutograd writes back the in-place masking that _MaskPartial._reduce_value applies "
+    "to the input's local tensor with DTensor.copy_, which has no sharding strategy for "
+    "_MaskPartial ('in-place operations that require placement changes are not supported')"
+)
+
+
+@pytest.mark.parametrize(
+    "backend",
+    ["eager", pytest.param("aot_eager", marks=pytest.mark.xfail(reason=AOT_BLOCKER, strict=True))],
+)
+@pytest.mark.parametrize("fn", [_emb_then_break, _emb_then_break_redistribute], ids=["full_tensor", "redistribute"])
+def test_graph_break_between_embedding_and_reduction(mesh, fn, backend):
+    ids, w = _inputs(mesh)
+    expected = fn(ids, w)
+    _clear_sharding_prop_cache()
+    counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
+    compiled = torch.compile(fn, backend=counter)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(ids, w), expected)
+    assert counter.frame_count == 2  # two graphs, no recompile
+
+
+@pytest.mark.parametrize(
+    "backend",
+    ["eager", pytest.param("aot_eager", marks=pytest.mark.xfail(reason=AOT_BLOCKER, strict=True))],
+)
+def test_partial_embedding_reduced_in_another_compiled_region(mesh, backend):
+    ids, w = _inputs(mesh)
+    expected = embedding(ids, w).full_tensor()
+    _clear_sharding_prop_cache()
+    emb = torch.compile(embedding, backend=backend, fullgraph=True)
+    reduce = torch.compile(lambda t: t.full_tensor(), backend=backend, fullgraph=True)
+    for _ in range(2):
+        out = emb(ids, w)
+        torch.testing.assert_close(reduce(out), expected)
+        assert out.placements[0].mask_buffer.refcount == 0
