@@ -1,0 +1,65 @@
+"""One rank of the 2-process gloo DTensor test (started by test_dtensor_gloo.py)."""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def run(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
+    import dynamo_ext
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    from test_dtensor import loss_fn, tp_model
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        mesh = init_device_mesh("cpu", (world_size,))
+        dynamo_ext.enable()
+        torch.manual_seed(0)
+        w = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])
+        ids = distribute_tensor(torch.tensor([[1, 5, 7, 2], [0, 3, 6, 4]]), mesh, [Replicate()])
+
+        def emb(i, w):
+            return torch.nn.functional.embedding(i, w)
+
+        result = {}
+        eager = emb(ids, w)
+        result["eager_mask"] = eager.placements[0].mask_buffer.data.tolist()
+        result["eager_full"] = eager.full_tensor().tolist()
+        result["reference"] = torch.nn.functional.embedding(ids.full_tensor(), w.full_tensor()).tolist()
+        for backend in ("eager", "aot_eager"):
+            _clear_sharding_prop_cache()
+            torch._dynamo.reset()
+            out = torch.compile(emb, backend=backend, fullgraph=True)(ids, w)
+            buf = out.placements[0].mask_buffer
+            result[f"{backend}_mask"] = buf.data.tolist() if type(buf.data) is torch.Tensor else repr(buf.data)
+            result[f"{backend}_refcount"] = buf.refcount
+            result[f"{backend}_full"] = out.full_tensor().tolist()
+            result[f"{backend}_refcount_after"] = buf.refcount
+
+        g = torch.Generator().manual_seed(1)
+        tok, y = torch.randint(0, 16, (2, 5), generator=g), torch.randint(0, 4, (2, 5), generator=g)
+        for mode in ("eager", "compiled"):
+            torch._dynamo.reset()
+            m = tp_model(mesh)
+            opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            f = loss_fn if mode == "eager" else torch.compile(loss_fn, backend="aot_eager", fullgraph=True)
+            curve = []
+            for _ in range(3):
+                loss = f(m, tok, y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                curve.append(loss.item())
+            result[f"tp_{mode}"] = curve
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
+            json.dump(result, fh)
+    finally:
+        dist.destroy_process_group()
