@@ -8,7 +8,8 @@ dynamo_ext; side by side in one run.
 Single process with the fake process group: the collectives do no communication, so this
 times the compiled region itself (what compile changes); tests/test_dtensor_gloo.py runs
 the model on real gloo groups. A step = forward + loss + backward + SGD step; the forward
-and loss are what is compiled. Rounds interleave the variants; median and spread.
+and loss are what is compiled. Rounds interleave the variants; median and spread. Caches
+are disabled so each variant's first step pays a cold compile.
 """
 
 from __future__ import annotations
@@ -100,6 +101,9 @@ def main(argv=None):
     p.add_argument("--plot", default="bench/results/tp_step.png")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    # Every compile cold: otherwise the second whole-model variant reuses the first one's
+    # inductor cache entries and its compile time means nothing.
+    torch.compiler.config.force_disable_caches = True
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=args.world_size)
     mesh = init_device_mesh("cpu", (args.world_size,))
     g = torch.Generator().manual_seed(1)

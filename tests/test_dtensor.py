@@ -154,7 +154,10 @@ def test_tensor_parallel_model_compiled_whole_matches_eager(mesh, backend):
             opt.zero_grad()
             curve.append(loss.item())
         curves[mode] = curve
-    assert curves["compiled"] == curves["eager"]
+    if backend == "inductor":  # fused kernels round differently
+        torch.testing.assert_close(curves["compiled"], curves["eager"], rtol=1e-5, atol=1e-6)
+    else:
+        assert curves["compiled"] == curves["eager"]
 
 
 def _emb_then_break(ids, w):
@@ -206,3 +209,13 @@ def test_partial_embedding_reduced_in_another_compiled_region(mesh, backend):
         out = emb(ids, w)
         torch.testing.assert_close(reduce(out), expected)
         assert out.placements[0].mask_buffer.refcount == 0
+
+
+@pytest.mark.inductor
+def test_partial_embedding_returned_inductor(mesh):
+    test_partial_embedding_returned_then_reduced_in_eager(mesh, "inductor")
+
+
+@pytest.mark.inductor
+def test_tensor_parallel_model_inductor(mesh):
+    test_tensor_parallel_model_compiled_whole_matches_eager(mesh, "inductor")
