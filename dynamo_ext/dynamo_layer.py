@@ -108,19 +108,24 @@ def _insert_seed(node: torch.fx.Node, w: "_Watched", name: str, value: Any) -> N
 
 
 class _Watched:
-    """A subclass graph input seen as an op argument."""
+    """A subclass seen as an op argument: a graph input (``real`` is the user's tensor),
+    or an intermediate of the graph (``real`` is None: it only exists in the trace)."""
 
     __slots__ = ("fake", "vt", "real", "source")
 
-    def __init__(self, fake: Any, vt: Any) -> None:
+    def __init__(self, fake: Any, vt: Any, is_input: bool) -> None:
         self.fake = fake
         self.vt = vt
-        self.real = vt.as_proxy().node.meta["grapharg"].example
+        self.real = vt.as_proxy().node.meta["grapharg"].example if is_input else None
         self.source = vt.source
 
     @property
+    def is_input(self) -> bool:
+        return self.real is not None
+
+    @property
     def cls_name(self) -> str:
-        return type(self.real).__name__
+        return type(self.fake).__name__
 
 
 class FrameState:
@@ -138,6 +143,8 @@ class FrameState:
         self.lifted: set[tuple[int, str]] = set()  # (id(state object), attribute) made graph inputs
         self._by_fake: dict[int, Any] = {}
         self._n_inputs = -1
+        self._by_fake_new: dict[int, Any] = {}
+        self._n_tracked = -1
 
     def input_for_fake(self, output: Any, fake: Any) -> Any:
         inputs = output.input_source_to_var
@@ -154,6 +161,21 @@ class FrameState:
                     self._by_fake[id(ev)] = vt
             self._n_inputs = len(inputs)
         return self._by_fake.get(id(fake))
+
+    def intermediates(self, output: Any) -> dict[int, Any]:
+        """``id(fake example value) -> variable`` of the tensors the graph computed."""
+        from torch._dynamo.variables import TensorVariable
+
+        side_effects = output.side_effects
+        if len(side_effects.id_to_variable) != self._n_tracked:
+            self._by_fake_new = {}
+            for vt in side_effects.id_to_variable.values():
+                if isinstance(vt, TensorVariable) and side_effects.is_attribute_mutation(vt) and vt.source is None:
+                    ev = vt.proxy.node.meta.get("example_value")
+                    if ev is not None:
+                        self._by_fake_new[id(ev)] = vt
+            self._n_tracked = len(side_effects.id_to_variable)
+        return self._by_fake_new
 
     def remember(self, fake: Any) -> None:
         if id(fake) not in self.originals:
@@ -237,7 +259,8 @@ class _ReadLog:
     """
 
     def __init__(self, watched: list[_Watched], snaps: list[InstanceSnapshot]) -> None:
-        self._by_id = {id(w.fake): (w, s) for w, s in zip(watched, snaps)}
+        # Intermediates need no answers: dispatch made them, in the trace as in eager.
+        self._by_id = {id(w.fake): (w, s) for w, s in zip(watched, snaps) if w.is_input}
         self.present: list[tuple[_Watched, str, Any]] = []
         self.absent: list[tuple[_Watched, str]] = []
         self._classes = {type(w.fake) for w in watched}
@@ -247,7 +270,7 @@ class _ReadLog:
         for cls in self._classes:
             self._previous[cls] = cls.__dict__.get("__getattr__", MISSING)
             cls.__getattr__ = self._make_hook(cls)  # type: ignore[attr-defined]
-        for w, _ in self._by_id.values():
+        for w, _ in self._by_id.values():  # graph inputs only
             hidden = w.real.__dict__.keys() - w.fake.__dict__.keys()
             if hidden:
                 w.fake.__dict__ = _DirectDictAccess(w.fake.__dict__, w, sorted(hidden)[0])
@@ -406,7 +429,7 @@ def _refuse(kind: RefusalKind, w: _Watched, attr: str, value_type: str, context:
     from torch._dynamo.eval_frame import set_code_exec_strategy
     from torch._dynamo.types import FrameAction, FrameExecStrategy
 
-    dispatch = getattr(type(w.real).__torch_dispatch__, "__func__", None)
+    dispatch = getattr(type(w.fake).__torch_dispatch__, "__func__", None)
     code = getattr(dispatch, "__code__", None)
     if code is not None:
         set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
@@ -461,7 +484,7 @@ def _graph_value_vt(tx: Any, state: FrameState, w: _Watched, write: AttributeWri
     from torch._subclasses.fake_tensor import is_fake
 
     value = write.new
-    same = state.input_for_fake(tx.output, value)
+    same = state.input_for_fake(tx.output, value) or _intermediate_vt(tx, value)
     if same is not None:
         # An alias of a graph input (the input itself, one of its inner tensors):
         # the residual bytecode loads it from its source, keeping identity.
@@ -500,14 +523,23 @@ def _record(tx: Any, state: FrameState, w: _Watched, writes: list[AttributeWrite
             _refuse(RefusalKind.MUTABLE_VALUE, w, wr.name, type(wr.new).__name__)
         else:
             _refuse(RefusalKind.OPAQUE_VALUE, w, wr.name, type(wr.new).__name__)
-        log.debug("write recorded: %s.%s <- %s", w.source.name, wr.name, type(wr.new).__name__)
+        where = w.source.name if w.source is not None else f"<intermediate {w.cls_name}>"
+        log.debug("write recorded: %s.%s <- %s", where, wr.name, type(wr.new).__name__)
         tx.output.side_effects.store_attr(w.vt, wr.name, value_vt)
-        state.recorded.setdefault(id(w.real), (w.real, set()))[1].add(wr.name)
+        if w.is_input:
+            state.recorded.setdefault(id(w.real), (w.real, set()))[1].add(wr.name)
 
 
 # --------------------------------------------------------------------------- #
 # The two hooks
 # --------------------------------------------------------------------------- #
+
+
+def _intermediate_vt(tx: Any, fake: Any) -> Any:
+    """The variable of a tensor the graph computed, if Dynamo tracks it for attribute
+    writes (``handle_traced_output`` tracks new tensors as ``AttributeMutationNew``,
+    keyed by their proxy)."""
+    return frame_state(tx.output).intermediates(tx.output).get(id(fake))
 
 
 def _watched_args(node: torch.fx.Node, tx: Any, state: FrameState) -> list[_Watched]:
@@ -520,7 +552,11 @@ def _watched_args(node: torch.fx.Node, tx: Any, state: FrameState) -> list[_Watc
             seen.add(id(ev))
             vt = state.input_for_fake(tx.output, ev)
             if vt is not None and vt.source is not None:
-                watched.append(_Watched(ev, vt))
+                watched.append(_Watched(ev, vt, is_input=True))
+            else:
+                vt = _intermediate_vt(tx, ev)
+                if vt is not None:
+                    watched.append(_Watched(ev, vt, is_input=False))
         return arg
 
     torch.fx.node.map_arg((node.args, node.kwargs), visit)
@@ -555,9 +591,10 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         if not watched:
             return original(node, tx, allow_non_graph_fake)
         for w in watched:
-            if id(w.fake) not in state.originals:
-                _lift_ctx_state(tx, node, w, state)
-            state.remember(w.fake)
+            if w.is_input:  # intermediates exist only in this trace: nothing to restore
+                if id(w.fake) not in state.originals:
+                    _lift_ctx_state(tx, node, w, state)
+                state.remember(w.fake)
         while True:
             snaps = [InstanceSnapshot(w.fake) for w in watched]
             reads = _ReadLog(watched, snaps)

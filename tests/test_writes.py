@@ -46,6 +46,11 @@ def cache_after_op(x):
     return y, x.cache + 1
 
 
+def write_on_intermediate(x):
+    y = x * 2
+    return y + 1, y  # the add writes on y, which the caller receives
+
+
 @dataclasses.dataclass
 class Case:
     name: str
@@ -81,6 +86,8 @@ CASES = [
     Case("user_reads_tag_after_op", tag_after_op, one(S.CounterTensor), calls=2, frames=2),
     Case("user_reads_cache_after_op", cache_after_op, one(S.CachingTensor), calls=2, frames=2),
     Case("rebind_inner_tensor", mul3, one(S.RebindInner), calls=2, frames=1),
+    # writes on a returned intermediate: Dynamo's residual bytecode sets them on the output
+    Case("write_on_returned_intermediate", write_on_intermediate, one(S.MarkOnAdd), calls=2, frames=1),
     Case("size_and_sized_tensor", mul3, one(S.ShapeRecorder), calls=2, frames=1),
 ]
 
