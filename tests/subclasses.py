@@ -60,6 +60,11 @@ class WritingTensor(torch.Tensor):
                 r.__dict__[name] = t
         return r
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        # Tangents take the ctx AOTAutograd traced the output with (the ctx holds
+        # bookkeeping, not values that change the math).
+        return type(self)(self.elem, **dict(zip(self.CTX, expected_metadata)))
+
     @classmethod
     def on_op(cls, func, first):
         pass
