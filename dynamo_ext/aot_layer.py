@@ -217,31 +217,17 @@ class WritePlan:
         for snaps in self._passes_after:
             for index, snap in snaps:
                 for wr in snap.writes():
-                    cls_name = type(snap.obj).__name__
-                    kind = classify_value(wr.new)
-                    if kind is not ValueKind.CONSTANT or wr.in_place:
-                        raise SubclassWriteError(
-                            RefusalKind.WRITE_IN_BACKWARD,
-                            cls_name,
-                            wr.name,
-                            type(wr.new).__name__,
-                            context="only constant writes are replayed at backward time",
-                        )
                     real = self.real_inputs[index] if index < len(self.real_inputs) else None
-                    if (index, wr.name) in forward or wr.name in self.handled.get(id(real), ()):
-                        raise SubclassWriteError(
-                            RefusalKind.WRITE_IN_BACKWARD,
-                            cls_name,
-                            wr.name,
-                            type(wr.new).__name__,
-                            context="the forward writes the same attribute",
-                        )
                     planned = PlannedWrite(index, wr.name, "constant", wr.new, entry=wr.old)
-                    seen = late.setdefault((index, wr.name), planned)
-                    if seen.signature() != planned.signature():
-                        raise SubclassWriteError(
-                            RefusalKind.INCONSISTENT_PASSES, cls_name, wr.name, type(wr.new).__name__
-                        )
+                    kind, why = RefusalKind.WRITE_IN_BACKWARD, None
+                    if classify_value(wr.new) is not ValueKind.CONSTANT or wr.in_place:
+                        why = "only constant writes are replayed at backward time"
+                    elif (index, wr.name) in forward or wr.name in self.handled.get(id(real), ()):
+                        why = "the forward writes the same attribute"
+                    elif late.setdefault((index, wr.name), planned).signature() != planned.signature():
+                        kind, why = RefusalKind.INCONSISTENT_PASSES, "passes wrote different values"
+                    if why:
+                        raise SubclassWriteError(kind, type(snap.obj).__name__, wr.name, type(wr.new).__name__, why)
         self.backward_writes = list(late.values())
 
     # -- run time -----------------------------------------------------------

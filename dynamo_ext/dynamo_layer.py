@@ -31,7 +31,6 @@ import torch
 import torch.fx
 
 from . import aot_layer, config, ctx_state
-from .ctx_state import Journal
 from .capture import (
     MISSING,
     AttributeWrite,
@@ -41,6 +40,7 @@ from .capture import (
     is_watched_type,
     seed_copy,
 )
+from .ctx_state import Journal
 from .errors import RefusalKind, refuse
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ def run(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
-    from test_dtensor import loss_fn, tp_model
+    from test_dtensor import loss_curve
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
@@ -44,21 +44,9 @@ def run(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
             result[f"{backend}_full"] = out.full_tensor().tolist()
             result[f"{backend}_refcount_after"] = buf.refcount
 
-        g = torch.Generator().manual_seed(1)
-        tok, y = torch.randint(0, 16, (2, 5), generator=g), torch.randint(0, 4, (2, 5), generator=g)
-        for mode in ("eager", "compiled"):
+        for mode, backend in (("eager", None), ("compiled", "aot_eager")):
             torch._dynamo.reset()
-            m = tp_model(mesh)
-            opt = torch.optim.SGD(m.parameters(), lr=0.1)
-            f = loss_fn if mode == "eager" else torch.compile(loss_fn, backend="aot_eager", fullgraph=True)
-            curve = []
-            for _ in range(3):
-                loss = f(m, tok, y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-                curve.append(loss.item())
-            result[f"tp_{mode}"] = curve
+            result[f"tp_{mode}"] = loss_curve(mesh, backend)
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
             json.dump(result, fh)
     finally:

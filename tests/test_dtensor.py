@@ -137,23 +137,27 @@ def loss_fn(m, ids, y):
     return torch.nn.functional.cross_entropy(m(ids).flatten(0, 1), y.flatten())
 
 
-@pytest.mark.parametrize("backend", ["aot_eager"])
-def test_tensor_parallel_model_compiled_whole_matches_eager(mesh, backend):
+def loss_curve(mesh, backend=None, steps=3):
+    """Losses of ``steps`` SGD steps of the TP model, forward + loss compiled whole with
+    ``fullgraph=True`` on ``backend`` (None: eager)."""
     g = torch.Generator().manual_seed(1)
     ids, y = torch.randint(0, 16, (2, 5), generator=g), torch.randint(0, 4, (2, 5), generator=g)
-    curves = {}
-    for mode in ("eager", "compiled"):
-        m = tp_model(mesh)
-        opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        f = loss_fn if mode == "eager" else torch.compile(loss_fn, backend=backend, fullgraph=True)
-        curve = []
-        for _ in range(3):
-            loss = f(m, ids, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            curve.append(loss.item())
-        curves[mode] = curve
+    m = tp_model(mesh)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    f = loss_fn if backend is None else torch.compile(loss_fn, backend=backend, fullgraph=True)
+    curve = []
+    for _ in range(steps):
+        loss = f(m, ids, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        curve.append(loss.item())
+    return curve
+
+
+@pytest.mark.parametrize("backend", ["aot_eager"])
+def test_tensor_parallel_model_compiled_whole_matches_eager(mesh, backend):
+    curves = {"eager": loss_curve(mesh), "compiled": loss_curve(mesh, backend)}
     if backend == "inductor":  # fused kernels round differently
         torch.testing.assert_close(curves["compiled"], curves["eager"], rtol=1e-5, atol=1e-6)
     else:
