@@ -598,15 +598,18 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         while True:
             snaps = [InstanceSnapshot(w.fake) for w in watched]
             reads = _ReadLog(watched, snaps)
+            attempt = Journal().open()  # an aborted attempt must not leave ctx-state writes
             try:
                 with reads:
                     result = original(node, tx, allow_non_graph_fake)
             except _NeedsTensorSeed as need:
+                attempt.undo()
                 for s in snaps:
                     s.restore()
                 _seed_tensor(tx, node, need.watched, need.name)
                 continue
             except _RefusedRead as bad:
+                attempt.undo()
                 for s in snaps:
                     s.restore()
                 if bad.direct_dict:
@@ -619,9 +622,12 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                     )
                 _refuse_read(bad.watched, bad.name, bad.value)
             except BaseException:
+                attempt.undo()
                 for s in snaps:
                     s.restore()
                 raise
+            finally:
+                attempt.close()
             break
         reads.finish(tx, state, node)
         if config.dynamo_layer:
