@@ -82,9 +82,3 @@ class PatchSet:
         while self._originals:
             patch, owner, original = self._originals.pop()
             setattr(owner, patch.attr, original)
-
-    def original(self, target: str) -> Any:
-        for patch, _, original in self._originals:
-            if patch.target == target:
-                return original
-        raise KeyError(target)

@@ -52,6 +52,7 @@ from .capture import (
     ValueKind,
     classify_value,
     is_watched_type,
+    refusal_for,
     seed_copy,
 )
 from .ctx_state import Journal
@@ -149,20 +150,14 @@ class WritePlan:
         todo = [(i, None, wr) for i, wr in writes if not self._skip(i, wr.name)]
         todo += [(-1, obj, wr) for obj, wr in object_writes]
         for index, obj, wr in todo:
-            cls_name = type(obj if obj is not None else args[index]).__name__
-            kind = classify_value(wr.new)
-            if wr.in_place:
-                raise SubclassWriteError(RefusalKind.IN_PLACE_MUTATION, cls_name, wr.name, type(wr.new).__name__)
-            if kind is ValueKind.DELETE:
-                raise SubclassWriteError(RefusalKind.DELETED_ATTRIBUTE, cls_name, wr.name, type(wr.old).__name__)
-            if kind is ValueKind.CONSTANT:
+            bad = refusal_for(wr)
+            if bad is not None:
+                cls_name = type(obj if obj is not None else args[index]).__name__
+                raise SubclassWriteError(bad[0], cls_name, wr.name, bad[1])
+            if classify_value(wr.new) is ValueKind.CONSTANT:
                 write = PlannedWrite(index, wr.name, "constant", wr.new)
-            elif kind in (ValueKind.TENSOR, ValueKind.SYMBOLIC):
+            else:  # a tensor or a symbolic size
                 write = self._plan_graph_value(args, index, wr, entry, extras)
-            elif kind is ValueKind.MUTABLE:
-                raise SubclassWriteError(RefusalKind.MUTABLE_VALUE, cls_name, wr.name, type(wr.new).__name__)
-            else:
-                raise SubclassWriteError(RefusalKind.OPAQUE_VALUE, cls_name, wr.name, type(wr.new).__name__)
             if wr.old is MISSING or classify_value(wr.old) is ValueKind.CONSTANT:
                 write = dataclasses.replace(write, entry=wr.old)
             planned.append(dataclasses.replace(write, obj=obj) if obj is not None else write)

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from .errors import RefusalKind
+
 
 class _Missing:
     __slots__ = ()
@@ -58,10 +60,6 @@ class AttributeWrite:
     old: Any  # MISSING when the attribute did not exist
     new: Any  # MISSING when the attribute was deleted
     in_place: bool = False  # the same container object was mutated
-
-    @property
-    def is_delete(self) -> bool:
-        return self.new is MISSING
 
 
 # Values computed by the traced program: compared by identity (== on a SymInt would
@@ -188,6 +186,24 @@ def classify_value(value: Any) -> ValueKind:
     ):
         return ValueKind.MUTABLE
     return ValueKind.OPAQUE
+
+
+def refusal_for(write: AttributeWrite) -> tuple[RefusalKind, str] | None:
+    """Why a write cannot be replayed exactly, as ``(kind, value type name)``; None if it can.
+
+    One decision for both layers: the Dynamo layer turns it into a graph break, the
+    AOTAutograd layer into a ``SubclassWriteError``.
+    """
+    if write.in_place:
+        return RefusalKind.IN_PLACE_MUTATION, type(write.new).__name__
+    kind = classify_value(write.new)
+    if kind is ValueKind.DELETE:
+        return RefusalKind.DELETED_ATTRIBUTE, type(write.old).__name__
+    if kind is ValueKind.MUTABLE:
+        return RefusalKind.MUTABLE_VALUE, type(write.new).__name__
+    if kind is ValueKind.OPAQUE:
+        return RefusalKind.OPAQUE_VALUE, type(write.new).__name__
+    return None
 
 
 def seed_copy(value: Any) -> Any:

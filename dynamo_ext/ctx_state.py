@@ -42,10 +42,6 @@ def register_ctx_state(cls: type) -> type:
     return cls
 
 
-def registered() -> frozenset[type]:
-    return frozenset(_REGISTERED)
-
-
 def register_defaults() -> None:
     from ._compat import HAS_DISTRIBUTED
 

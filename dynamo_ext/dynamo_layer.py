@@ -38,6 +38,7 @@ from .capture import (
     ValueKind,
     classify_value,
     is_watched_type,
+    refusal_for,
     seed_copy,
 )
 from .ctx_state import Journal
@@ -508,21 +509,15 @@ def _record(tx: Any, state: FrameState, w: _Watched, writes: list[AttributeWrite
         # torch.export (strict) traces with replay off: the write would be dropped.
         wr = writes[0]
         _refuse(RefusalKind.UNREPLAYABLE_ENTRY, w, wr.name, type(wr.new).__name__)
+    for wr in writes:  # refuse before recording anything
+        bad = refusal_for(wr)
+        if bad is not None:
+            _refuse(bad[0], w, wr.name, bad[1])
     for wr in writes:
-        if wr.in_place:
-            _refuse(RefusalKind.IN_PLACE_MUTATION, w, wr.name, type(wr.new).__name__)
-    for wr in writes:
-        kind = classify_value(wr.new)
-        if kind is ValueKind.DELETE:
-            _refuse(RefusalKind.DELETED_ATTRIBUTE, w, wr.name, type(wr.old).__name__)
-        elif kind is ValueKind.CONSTANT:
+        if classify_value(wr.new) is ValueKind.CONSTANT:
             value_vt = _constant_vt(tx, wr.new)
-        elif kind in (ValueKind.TENSOR, ValueKind.SYMBOLIC):
+        else:  # a tensor or a symbolic size
             value_vt = _graph_value_vt(tx, state, w, wr)
-        elif kind is ValueKind.MUTABLE:
-            _refuse(RefusalKind.MUTABLE_VALUE, w, wr.name, type(wr.new).__name__)
-        else:
-            _refuse(RefusalKind.OPAQUE_VALUE, w, wr.name, type(wr.new).__name__)
         where = w.source.name if w.source is not None else f"<intermediate {w.cls_name}>"
         log.debug("write recorded: %s.%s <- %s", where, wr.name, type(wr.new).__name__)
         tx.output.side_effects.store_attr(w.vt, wr.name, value_vt)
