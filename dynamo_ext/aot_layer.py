@@ -245,8 +245,9 @@ class WritePlan:
                     context=f"traced with {w.name}={w.entry!r}, called with {w.name}={now!r}",
                 )
 
-    @property
+    @functools.cached_property
     def object_writes(self) -> list[PlannedWrite]:
+        # Read at run time only, once the passes have fixed the plan: computed once, not per call.
         return [w for w in self.writes or () if w.obj is not None]
 
     def strip(self, out: Any) -> tuple[Any, Sequence[Any]]:
