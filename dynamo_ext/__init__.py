@@ -15,6 +15,7 @@ Modules, in the order of the flow:
                   Dynamo's residual bytecode replays them (run time)
     aot_layer     keeps AOTAutograd's tracing passes starting from entry state
     ctx_state     journal / undo of state on objects reachable from a ctx (DTensor's MaskBuffer)
+    writeback     input data mutations written back per inner tensor where the subclass cannot copy_
     errors        refusals
 """
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from . import _compat, aot_layer, config, ctx_state, dynamo_layer
+from . import _compat, aot_layer, config, ctx_state, dynamo_layer, writeback
 from ._patches import Patch, PatchSet, PatchTargetError
 from .ctx_state import register_ctx_state
 from .errors import RefusalKind, SubclassWriteError
@@ -121,6 +122,31 @@ TABLE: list[Patch] = [
         aot_layer.make_aot_function_hook,
         why="The same, for functorch's ready-made compilers (memory_efficient_fusion, ...), "
         "which import aot_function by name.",
+    ),
+    Patch(
+        "torch._functorch._aot_autograd.collect_metadata_analysis",
+        "coerce_tangent_and_suggest_memory_format",
+        aot_layer.make_coerce_tangent_hook,
+        why="Tangent coercion runs on a pass's outputs after the pass undid its ctx-state "
+        "writes; DTensor needs the mask to coerce a _MaskPartial output, so it sees the "
+        "state the pass left, undone again after. Called as a module global.",
+    ),
+    Patch(
+        "torch._functorch._aot_autograd.graph_capture_wrappers",
+        "apply_in_graph_mutations",
+        writeback.make_apply_in_graph_mutations,
+        why="Data mutations of subclass inputs kept in the graph are written back with the "
+        "subclass's own copy_, which DTensor cannot dispatch for a _MaskPartial input (the "
+        "reduction masks the pending local shard in place); fall back to copying the inner "
+        "tensors when old and new have the same flatten ctx. Called as a module global.",
+    ),
+    Patch(
+        "torch._functorch._aot_autograd.subclass_codegen",
+        "_compile_and_exec_source",
+        writeback.make_compile_and_exec_source,
+        why="The same for the run-time mutation epilogue AOTAutograd generates "
+        "(_apply_mutations): its copy_ calls go through the same fallback. Imported by "
+        "name inside the functions that call it, so the module global is the one to wrap.",
     ),
 ]
 

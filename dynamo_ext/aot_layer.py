@@ -96,13 +96,22 @@ def dynamo_handled(writes: dict[int, set[str]]) -> Iterator[None]:
 # --------------------------------------------------------------------------- #
 
 
+class _HeldTensor:
+    def __repr__(self) -> str:
+        return "<a tensor>"
+
+
+#: ``PlannedWrite.entry`` for an attribute that held a tensor when the pass started.
+HELD_TENSOR = _HeldTensor()
+
+
 @dataclasses.dataclass(frozen=True)
 class PlannedWrite:
     input_index: int  # position among the traced function's flat inputs
     name: str
     kind: str  # "constant" | "output" | "input" | "inner"
     value: Any = None  # the constant; the extra-output position; the input position; (position, inner name)
-    entry: Any = MISSING  # the attribute's value when the pass started, if a constant (or absent)
+    entry: Any = MISSING  # the attribute's value when the pass started, if a constant (or absent); HELD_TENSOR
     obj: Any = None  # set for a write on an object reachable from a ctx (then input_index is -1)
 
     def signature(self) -> tuple:
@@ -123,6 +132,9 @@ class WritePlan:
         self.n_extra = 0
         self.passes = 0
         self.backward_writes: list[PlannedWrite] = []
+        # Registered ctx-state objects as the latest pass left them, before the undo:
+        # (object, attribute, value). Compile time only; cleared when the compile ends.
+        self.pass_state: list[tuple[Any, str, Any]] = []
         self._passes_after: list[list[tuple[int, InstanceSnapshot]]] = []
 
     # -- compile time -------------------------------------------------------
@@ -160,6 +172,8 @@ class WritePlan:
                 write = self._plan_graph_value(args, index, wr, entry, extras)
             if wr.old is MISSING or classify_value(wr.old) is ValueKind.CONSTANT:
                 write = dataclasses.replace(write, entry=wr.old)
+            elif isinstance(wr.old, torch.Tensor):
+                write = dataclasses.replace(write, entry=HELD_TENSOR)
             planned.append(dataclasses.replace(write, obj=obj) if obj is not None else write)
         self.passes += 1
         if self.writes is None:
@@ -236,6 +250,8 @@ class WritePlan:
             now = obj.__dict__.get(w.name, MISSING)
             if w.entry is MISSING and now is MISSING:
                 continue
+            if w.entry is HELD_TENSOR and isinstance(now, torch.Tensor):
+                continue  # which tensor is the graph's business: Dynamo guards it as an input
             if w.entry is MISSING or now is MISSING or classify_value(now) is not ValueKind.CONSTANT or now != w.entry:
                 raise SubclassWriteError(
                     RefusalKind.STALE_PLAN,
@@ -335,7 +351,10 @@ def tracing_pass(fn: Callable[..., Any], plan: WritePlan | None, flat_outputs: b
             out = fn(*args, **kwargs)
             _refuse_inner_metadata_mutation(leaves, before)
             writes = [(i, wr) for i, snap in before for wr in snap.writes()]
-            object_writes = [(obj, AttributeWrite(name, old, new)) for obj, name, old, new in journal.net_writes()]
+            net = journal.net_writes()
+            object_writes = [(obj, AttributeWrite(name, old, new)) for obj, name, old, new in net]
+            if plan is not None:
+                plan.pass_state = [(obj, name, new) for obj, name, _, new in net]
             if plan is None:
                 _refuse_unplanned(leaves, writes + [(-1, wr) for _, wr in object_writes])
                 extras: list[Any] = []
@@ -433,8 +452,11 @@ def make_prepare_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 def _compile_with_plan(plan: WritePlan, compile_: Callable[[], Any]) -> Any:
     from torch._functorch import config as functorch_config
 
-    with _pushed("plans", plan), functorch_config.patch(enable_autograd_cache=False):
-        compiled = compile_()
+    try:
+        with _pushed("plans", plan), functorch_config.patch(enable_autograd_cache=False):
+            compiled = compile_()
+    finally:
+        plan.pass_state = []  # trace-time values: must not outlive the compile
     plan.plan_backward()
     return compiled
 
@@ -479,6 +501,40 @@ def make_aot_module_simplified_hook(original: Callable[..., Any]) -> Callable[..
         return forward
 
     return aot_module_simplified
+
+
+def make_coerce_tangent_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``coerce_tangent_and_suggest_memory_format`` in AOTAutograd's
+    metadata collection, which runs on a pass's outputs after the pass returned.
+
+    A subclass may need its ctx state to coerce a tangent: DTensor redistributes a
+    ``_MaskPartial`` output to ``Replicate``, which applies and releases the mask the
+    pass wrote into its MaskBuffer. The pass has undone that write by then, so the
+    coercion sees the state the pass left, journaled and undone again after it.
+    """
+
+    @functools.wraps(original)
+    def coerce_tangent_and_suggest_memory_format(x: Any, *args: Any, **kwargs: Any) -> Any:
+        plan: WritePlan | None = _top("plans")
+        if plan is None or not plan.pass_state:
+            return original(x, *args, **kwargs)
+        from torch._functorch._aot_autograd.functional_utils import from_fun
+        from torch._subclasses.functional_tensor import FunctionalTensor
+
+        with Journal() as journal:
+            try:
+                for obj, name, value in plan.pass_state:
+                    if isinstance(value, FunctionalTensor):  # the tangents are unwrapped too
+                        value = from_fun(value)
+                    if value is MISSING:
+                        obj.__dict__.pop(name, None)
+                    else:
+                        setattr(obj, name, value)
+                return original(x, *args, **kwargs)
+            finally:
+                journal.undo()
+
+    return coerce_tangent_and_suggest_memory_format
 
 
 def make_aot_function_hook(original: Callable[..., Any]) -> Callable[..., Any]:

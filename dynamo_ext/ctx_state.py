@@ -59,6 +59,8 @@ def _make_setattr(cls: type, prev: Any) -> Callable[[Any, str, Any], None]:
             super(cls, obj).__setattr__(name, value)
         else:
             prev(obj, name, value)
+        for journal in _OPEN:
+            journal.assigned(obj, name)
 
     return __setattr__
 
@@ -80,10 +82,19 @@ def _uninstall() -> None:
 
 
 class Journal:
-    """While open: the value each attribute of each registered object had before its first write."""
+    """While open: the value each attribute of each registered object had before its first write.
+
+    An object constructed while the journal is open (its first journaled write found an
+    empty ``__dict__``) counts as having existed in its constructed state: an attribute's
+    first assigned value is its value "before". Undo then leaves it as constructed, not
+    stripped, and the net writes are those dispatch made after construction.
+    """
 
     def __init__(self) -> None:
         self._old: dict[tuple[int, str], tuple[Any, str, Any]] = {}
+        self._seen: set[int] = set()  # ids of noted objects (kept alive by _old)
+        self._born: set[int] = set()
+        self._pending: set[tuple[int, str]] = set()  # attributes of born objects awaiting their first value
         self._open = False
 
     def open(self) -> "Journal":
@@ -109,7 +120,21 @@ class Journal:
 
     def note(self, obj: Any, name: str) -> None:
         key = (id(obj), name)
-        if key not in self._old:
+        if key in self._old:
+            return
+        if id(obj) not in self._seen:
+            self._seen.add(id(obj))
+            if not obj.__dict__:
+                self._born.add(id(obj))
+        old = obj.__dict__.get(name, MISSING)
+        self._old[key] = (obj, name, old)
+        if old is MISSING and id(obj) in self._born:
+            self._pending.add(key)
+
+    def assigned(self, obj: Any, name: str) -> None:
+        key = (id(obj), name)
+        if key in self._pending:
+            self._pending.discard(key)
             self._old[key] = (obj, name, obj.__dict__.get(name, MISSING))
 
     def net_writes(self) -> list[tuple[Any, str, Any, Any]]:
@@ -130,6 +155,9 @@ class Journal:
             else:
                 obj.__dict__[name] = old
         self._old.clear()
+        self._seen.clear()
+        self._born.clear()
+        self._pending.clear()
 
 
 def find_state(root: Any, max_depth: int = 5, from_value: bool = False) -> Iterator[tuple[Path, Any]]:

@@ -44,6 +44,38 @@ def run(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
             result[f"{backend}_full"] = out.full_tensor().tolist()
             result[f"{backend}_refcount_after"] = buf.refcount
 
+        # a partial embedding reduced in another compiled region, and across a graph break,
+        # with the weight requiring grad: outputs, grads and the caller's DTensor state
+        wg = w.detach().requires_grad_()
+
+        def reduce(t):
+            return t.full_tensor()
+
+        def with_break(i, w):
+            e = emb(i, w)
+            torch._dynamo.graph_break()
+            return e.full_tensor()
+
+        for backend in (None, "eager", "aot_eager"):
+            _clear_sharding_prop_cache()
+            torch._dynamo.reset()
+            e_fn = emb if backend is None else torch.compile(emb, backend=backend, fullgraph=True)
+            r_fn = reduce if backend is None else torch.compile(reduce, backend=backend, fullgraph=True)
+            b_fn = with_break if backend is None else torch.compile(with_break, backend=backend)
+            e = e_fn(ids, wg)
+            out = r_fn(e)
+            out.sum().backward()
+            key = backend or "ref"
+            result[f"cross_{key}"] = out.tolist()
+            result[f"cross_{key}_grad"] = wg.grad.full_tensor().tolist()
+            result[f"cross_{key}_state"] = [e.placements[0].mask_buffer.refcount, e._local_tensor.tolist()]
+            wg.grad = None
+            out = b_fn(ids, wg)
+            out.sum().backward()
+            result[f"break_{key}"] = out.tolist()
+            result[f"break_{key}_grad"] = wg.grad.full_tensor().tolist()
+            wg.grad = None
+
         for mode, backend in (("eager", None), ("compiled", "aot_eager")):
             torch._dynamo.reset()
             result[f"tp_{mode}"] = loss_curve(mesh, backend)

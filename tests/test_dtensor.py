@@ -176,43 +176,65 @@ def _emb_then_break_redistribute(ids, w):
     return e.redistribute(e.device_mesh, [Replicate()]).to_local()
 
 
-AOT_BLOCKER = (
-    "AOTAutograd writes back the in-place masking that _MaskPartial._reduce_value applies "
-    "to the input's local tensor with DTensor.copy_, which has no sharding strategy for "
-    "_MaskPartial ('in-place operations that require placement changes are not supported')"
-)
-
-
-@pytest.mark.parametrize(
-    "backend",
-    ["eager", pytest.param("aot_eager", marks=pytest.mark.xfail(reason=AOT_BLOCKER, strict=True))],
-)
-@pytest.mark.parametrize("fn", [_emb_then_break, _emb_then_break_redistribute], ids=["full_tensor", "redistribute"])
-def test_graph_break_between_embedding_and_reduction(mesh, fn, backend):
+def _grad_inputs(mesh, requires_grad):
     ids, w = _inputs(mesh)
-    expected = fn(ids, w)
+    return ids, w.detach().requires_grad_(requires_grad)
+
+
+def _run(fn, ids, w):
+    """Output, and the weight's gradient when it requires grad."""
+    out = fn(ids, w)
+    if not w.requires_grad:
+        return out, None
+    out.sum().backward()
+    grad, w.grad = w.grad, None
+    return out.detach(), grad.full_tensor()
+
+
+# A partial DTensor crossing into eager code or another compiled region is reduced
+# there: _MaskPartial._reduce_value masks its local shard in place (a data mutation of
+# that region's input, written back per inner tensor: see dynamo_ext.writeback) and
+# releases the mask.
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fn", [_emb_then_break, _emb_then_break_redistribute], ids=["full_tensor", "redistribute"])
+def test_graph_break_between_embedding_and_reduction(mesh, fn, backend, requires_grad):
+    ids, w = _grad_inputs(mesh, requires_grad)
+    expected, expected_grad = _run(fn, ids, w)
     _clear_sharding_prop_cache()
     counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
     compiled = torch.compile(fn, backend=counter)
     for _ in range(2):
-        torch.testing.assert_close(compiled(ids, w), expected)
+        out, grad = _run(compiled, ids, w)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        if requires_grad:
+            torch.testing.assert_close(grad, expected_grad, rtol=0, atol=0)
     assert counter.frame_count == 2  # two graphs, no recompile
 
 
-@pytest.mark.parametrize(
-    "backend",
-    ["eager", pytest.param("aot_eager", marks=pytest.mark.xfail(reason=AOT_BLOCKER, strict=True))],
-)
-def test_partial_embedding_reduced_in_another_compiled_region(mesh, backend):
-    ids, w = _inputs(mesh)
-    expected = embedding(ids, w).full_tensor()
+def _reduce(t):
+    return t.full_tensor()
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_partial_embedding_reduced_in_another_compiled_region(mesh, backend, requires_grad):
+    ids, w = _grad_inputs(mesh, requires_grad)
+    e_eager = embedding(ids, w)
+    expected, expected_grad = _run(lambda i, w: _reduce(e_eager), ids, w)
     _clear_sharding_prop_cache()
     emb = torch.compile(embedding, backend=backend, fullgraph=True)
-    reduce = torch.compile(lambda t: t.full_tensor(), backend=backend, fullgraph=True)
+    reduce = torch.compile(_reduce, backend=backend, fullgraph=True)
     for _ in range(2):
-        out = emb(ids, w)
-        torch.testing.assert_close(reduce(out), expected)
-        assert out.placements[0].mask_buffer.refcount == 0
+        e = emb(ids, w)
+        out, grad = _run(lambda i, w: reduce(e), ids, w)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        if requires_grad:
+            torch.testing.assert_close(grad, expected_grad, rtol=0, atol=0)
+        # the caller's partial DTensor is left as eager leaves it: shard masked, mask released
+        assert _mask_state(e) == _mask_state(e_eager) == (0, None)
+        torch.testing.assert_close(e._local_tensor, e_eager._local_tensor, rtol=0, atol=0)
+        assert type(e._local_tensor) is torch.Tensor
 
 
 @pytest.mark.inductor
@@ -223,3 +245,13 @@ def test_partial_embedding_returned_inductor(mesh):
 @pytest.mark.inductor
 def test_tensor_parallel_model_inductor(mesh):
     test_tensor_parallel_model_compiled_whole_matches_eager(mesh, "inductor")
+
+
+@pytest.mark.inductor
+def test_partial_embedding_reduced_in_another_compiled_region_inductor(mesh):
+    test_partial_embedding_reduced_in_another_compiled_region(mesh, "inductor", True)
+
+
+@pytest.mark.inductor
+def test_graph_break_between_embedding_and_reduction_inductor(mesh):
+    test_graph_break_between_embedding_and_reduction(mesh, _emb_then_break, "inductor", True)

@@ -28,5 +28,11 @@ def test_two_process_gloo(tmp_path):
             assert r[f"{backend}_mask"] == r["eager_mask"], (rank, backend)  # a real mask, eager's
             assert r[f"{backend}_refcount"] == 1 and r[f"{backend}_refcount_after"] == 0
             torch.testing.assert_close(torch.tensor(r[f"{backend}_full"]), torch.tensor(r["reference"]))
+        for backend in ("eager", "aot_eager"):
+            for key in ("cross", "cross_grad", "cross_state", "break", "break_grad"):
+                ref, got = key.replace("cross", "cross_ref").replace("break", "break_ref"), key
+                got = got.replace("cross", f"cross_{backend}").replace("break", f"break_{backend}")
+                assert r[got] == r[ref], (rank, backend, key)
+        torch.testing.assert_close(torch.tensor(r["cross_ref"]), torch.tensor(r["reference"]))
         assert r["tp_compiled"] == r["tp_eager"], rank
         assert r["tp_eager"][-1] < r["tp_eager"][0]  # it trains

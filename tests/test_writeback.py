@@ -1,0 +1,105 @@
+"""Data mutations of subclass inputs written back per inner tensor (dynamo_ext.writeback).
+
+AOTAutograd writes an input's data mutation back with the subclass's own ``copy_``;
+a subclass may have no rule for it (DTensor: ``_MaskPartial``). ``NoCopyTensor``
+refuses ``copy_`` the same way, so stock compile fails where eager works.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import plain, stock_torch
+from subclasses import WritingTensor
+
+aten = torch.ops.aten
+
+
+class NoCopyTensor(WritingTensor):
+    CTX = ("tag",)
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.copy_.default:
+            raise RuntimeError("NoCopyTensor: copy_ has no rule for this layout")
+
+
+def bump(x):
+    x.add_(1)
+    return x * 2
+
+
+def _pair():
+    base = torch.arange(6.0).reshape(2, 3)
+    return NoCopyTensor(base.clone(), tag=3), NoCopyTensor(base.clone(), tag=3)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.inductor)])
+def test_input_data_mutation_written_back_per_inner_tensor(backend):
+    x_eager, x = _pair()
+    expected = bump(x_eager)
+    out = torch.compile(bump, backend=backend, fullgraph=True)(x)
+    torch.testing.assert_close(plain(out), plain(expected), rtol=0, atol=0)
+    torch.testing.assert_close(x.elem, x_eager.elem, rtol=0, atol=0)  # the mutation landed
+    assert type(x.elem) is torch.Tensor and x.tag == 3
+
+
+def test_stock_cannot_write_it_back():
+    _, x = _pair()
+    with stock_torch():
+        with pytest.raises(Exception, match="copy_ has no rule"):
+            torch.compile(bump, backend="aot_eager", fullgraph=True)(x)
+
+
+def test_subclass_that_can_copy_is_untouched():
+    """Where the subclass's own copy_ works, it is what runs (stock graph)."""
+    calls = []
+
+    class Copying(WritingTensor):
+        @classmethod
+        def on_op(cls, func, first):
+            if func is aten.copy_.default:
+                calls.append(func)
+
+    x_eager, x = Copying(torch.ones(3)), Copying(torch.ones(3))
+    bump(x_eager)
+    torch.compile(bump, backend="aot_eager", fullgraph=True)(x)
+    torch.testing.assert_close(x.elem, x_eager.elem)
+    assert calls  # the outer copy_ ran at trace time
+
+
+def test_grad_recording_write_back_is_not_done_per_inner_tensor():
+    """A mutated non-leaf input that requires grad is written back at run time, where
+    autograd must record the copy on the outer tensor: no inner-wise fallback there,
+    the subclass's own error surfaces instead of a gradient that silently misses it."""
+    x = NoCopyTensor(torch.arange(6.0), requires_grad=True) * 1  # non-leaf
+    with pytest.raises(Exception, match="copy_ has no rule"):
+        torch.compile(bump, backend="aot_eager", fullgraph=True)(x)
+
+
+def test_runtime_epilogue_source_is_rewritten():
+    from dynamo_ext import writeback
+
+    src = (
+        "def _apply_mutations(orig_inputs, updated_inputs):\n"
+        "    if orig_inputs[0].requires_grad: orig_inputs[0].detach().copy_(updated_inputs[0])\n"
+        "    else: orig_inputs[0].copy_(updated_inputs[0])\n"
+        "    orig_inputs[12].copy_(updated_inputs[1])\n"
+    )
+    out = writeback._EPILOGUE_COPY.sub(rf"{writeback._COPY_NAME}(\1, ", src)
+    assert ".copy_(" not in out
+    assert f"{writeback._COPY_NAME}(orig_inputs[0].detach(), updated_inputs[0])" in out
+    assert f"{writeback._COPY_NAME}(orig_inputs[12], updated_inputs[1])" in out
+
+
+def test_runtime_epilogue_writes_back_per_inner_tensor():
+    """aot_function keeps input mutations out of the graph: the run-time epilogue writes
+    them back, through the same fallback."""
+    from functorch.compile import aot_function, nop
+
+    x_eager, x = _pair()
+    expected = bump(x_eager)
+    out = aot_function(bump, nop)(x)
+    torch.testing.assert_close(plain(out), plain(expected), rtol=0, atol=0)
+    torch.testing.assert_close(x.elem, x_eager.elem, rtol=0, atol=0)
