@@ -137,14 +137,20 @@ def loss_fn(m, ids, y):
     return torch.nn.functional.cross_entropy(m(ids).flatten(0, 1), y.flatten())
 
 
-def loss_curve(mesh, backend=None, steps=3):
+def loss_curve(mesh, backend=None, steps=3, per_block=()):
     """Losses of ``steps`` SGD steps of the TP model, forward + loss compiled whole with
-    ``fullgraph=True`` on ``backend`` (None: eager)."""
+    ``fullgraph=True`` on ``backend`` (None: eager); ``per_block``: names of submodules
+    compiled on their own instead, the rest eager (the usual workaround)."""
     g = torch.Generator().manual_seed(1)
     ids, y = torch.randint(0, 16, (2, 5), generator=g), torch.randint(0, 4, (2, 5), generator=g)
     m = tp_model(mesh)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    f = loss_fn if backend is None else torch.compile(loss_fn, backend=backend, fullgraph=True)
+    if per_block:
+        for name in per_block:
+            getattr(m, name).compile(backend=backend, fullgraph=True)
+        f = loss_fn
+    else:
+        f = loss_fn if backend is None else torch.compile(loss_fn, backend=backend, fullgraph=True)
     curve = []
     for _ in range(steps):
         loss = f(m, ids, y)
@@ -162,6 +168,18 @@ def test_tensor_parallel_model_compiled_whole_matches_eager(mesh, backend):
         torch.testing.assert_close(curves["compiled"], curves["eager"], rtol=1e-5, atol=1e-6)
     else:
         assert curves["compiled"] == curves["eager"]
+
+
+def test_tensor_parallel_embedding_compiled_on_its_own(mesh):
+    """The vocab-parallel embedding module compiled on its own, the rest eager: stock fails
+    ("Mixing fake modes NYI"); dynamo_ext matches eager. (Two DTensor modules compiled
+    separately in a chain hit a RecursionError in AOTAutograd's joint trace on torch 2.13,
+    stock included, with a column-parallel embedding that writes no mask: not tested here.)"""
+    expected = loss_curve(mesh)
+    assert loss_curve(mesh, "aot_eager", per_block=("emb",)) == expected
+    with stock_torch():
+        with pytest.raises(Exception, match="Mixing fake modes"):
+            loss_curve(mesh, "aot_eager", per_block=("emb",))
 
 
 def _emb_then_break(ids, w):
