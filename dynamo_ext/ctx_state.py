@@ -33,6 +33,7 @@ Path = tuple[tuple[str, Any], ...]
 _REGISTERED: set[type] = set()
 _OPEN: list["Journal"] = []
 _INSTALLED: dict[type, Any] = {}  # class -> its own __setattr__ before ours (or MISSING)
+_INSTALLED_INIT: dict[type, Any] = {}  # class -> its own __init__ before ours (or MISSING)
 
 
 def register_ctx_state(cls: type) -> type:
@@ -59,10 +60,21 @@ def _make_setattr(cls: type, prev: Any) -> Callable[[Any, str, Any], None]:
             super(cls, obj).__setattr__(name, value)
         else:
             prev(obj, name, value)
-        for journal in _OPEN:
-            journal.assigned(obj, name)
 
     return __setattr__
+
+
+def _make_init(cls: type, prev: Any) -> Callable[..., None]:
+    def __init__(obj: Any, *args: Any, **kwargs: Any) -> None:
+        if prev is MISSING:
+            super(cls, obj).__init__(*args, **kwargs)
+        else:
+            prev(obj, *args, **kwargs)
+        if type(obj) is cls:
+            for journal in _OPEN:
+                journal.constructed(obj)
+
+    return __init__
 
 
 def _install() -> None:
@@ -70,31 +82,31 @@ def _install() -> None:
         if cls not in _INSTALLED:
             _INSTALLED[cls] = cls.__dict__.get("__setattr__", MISSING)
             cls.__setattr__ = _make_setattr(cls, _INSTALLED[cls])  # type: ignore[method-assign]
+            _INSTALLED_INIT[cls] = cls.__dict__.get("__init__", MISSING)
+            cls.__init__ = _make_init(cls, _INSTALLED_INIT[cls])  # type: ignore[misc]
 
 
 def _uninstall() -> None:
-    for cls, prev in _INSTALLED.items():
-        if prev is MISSING:
-            del cls.__setattr__
-        else:
-            cls.__setattr__ = prev  # type: ignore[method-assign]
-    _INSTALLED.clear()
+    for table, name in ((_INSTALLED, "__setattr__"), (_INSTALLED_INIT, "__init__")):
+        for cls, prev in table.items():
+            if prev is MISSING:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, prev)
+        table.clear()
 
 
 class Journal:
     """While open: the value each attribute of each registered object had before its first write.
 
-    An object constructed while the journal is open (its first journaled write found an
-    empty ``__dict__``) counts as having existed in its constructed state: an attribute's
-    first assigned value is its value "before". Undo then leaves it as constructed, not
-    stripped, and the net writes are those dispatch made after construction.
+    An object constructed while the journal is open (its ``__init__`` ran) counts as having
+    existed in its constructed state: what ``__init__`` left is its state "before". Undo
+    then leaves it as constructed, not stripped, and the net writes are those dispatch made
+    after construction.
     """
 
     def __init__(self) -> None:
         self._old: dict[tuple[int, str], tuple[Any, str, Any]] = {}
-        self._seen: set[int] = set()  # ids of noted objects (kept alive by _old)
-        self._born: set[int] = set()
-        self._pending: set[tuple[int, str]] = set()  # attributes of born objects awaiting their first value
         self._open = False
 
     def open(self) -> "Journal":
@@ -120,22 +132,13 @@ class Journal:
 
     def note(self, obj: Any, name: str) -> None:
         key = (id(obj), name)
-        if key in self._old:
-            return
-        if id(obj) not in self._seen:
-            self._seen.add(id(obj))
-            if not obj.__dict__:
-                self._born.add(id(obj))
-        old = obj.__dict__.get(name, MISSING)
-        self._old[key] = (obj, name, old)
-        if old is MISSING and id(obj) in self._born:
-            self._pending.add(key)
-
-    def assigned(self, obj: Any, name: str) -> None:
-        key = (id(obj), name)
-        if key in self._pending:
-            self._pending.discard(key)
+        if key not in self._old:
             self._old[key] = (obj, name, obj.__dict__.get(name, MISSING))
+
+    def constructed(self, obj: Any) -> None:
+        """``obj``'s ``__init__`` just returned: its state now is its state before."""
+        for name, value in vars(obj).items():
+            self._old[(id(obj), name)] = (obj, name, value)
 
     def net_writes(self) -> list[tuple[Any, str, Any, Any]]:
         """``(object, attribute, value before, value now)`` for every attribute that changed."""
@@ -155,9 +158,6 @@ class Journal:
             else:
                 obj.__dict__[name] = old
         self._old.clear()
-        self._seen.clear()
-        self._born.clear()
-        self._pending.clear()
 
 
 def find_state(root: Any, max_depth: int = 5, from_value: bool = False) -> Iterator[tuple[Path, Any]]:

@@ -1,0 +1,88 @@
+"""State on objects reachable from a flatten ctx, for a user's own class registered with
+``register_ctx_state`` (DTensor's MaskBuffer is the built-in case: test_dtensor.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dynamo_ext
+from dynamo_ext.capture import MISSING
+from dynamo_ext.ctx_state import Journal
+from harness import leaked_fakes, stock_torch
+from subclasses import WritingTensor
+
+
+@dynamo_ext.register_ctx_state
+class Holder:
+    """Shared, mutable bookkeeping a subclass's ctx points to (like DTensor's MaskBuffer)."""
+
+    def __init__(self, calls=0):
+        self.calls = calls
+
+
+class HolderTensor(WritingTensor):
+    CTX = ("holder",)
+
+    @classmethod
+    def default(cls, name):
+        return Holder()
+
+    @classmethod
+    def on_op(cls, func, first):
+        h = first.holder
+        h.calls = h.calls + 1
+        h.last_amax = first.elem.abs().amax()  # a tensor, new on the first op
+
+
+def f(x):
+    return (x * 2).sum()
+
+
+def _pair():
+    return HolderTensor(torch.tensor([1.0, -4.0, 2.0])), HolderTensor(torch.tensor([1.0, -4.0, 2.0]))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_writes_on_a_registered_ctx_object_match_eager(backend):
+    x_eager, x = _pair()
+    f(x_eager)
+    torch.compile(f, backend=backend, fullgraph=True)(x)
+    assert x.holder.calls == x_eager.holder.calls == 2
+    assert type(x.holder.last_amax) is torch.Tensor
+    torch.testing.assert_close(x.holder.last_amax, x_eager.holder.last_amax)
+    assert not leaked_fakes(x.holder)
+
+
+def test_stock_leaks_a_fake_into_the_shared_object():
+    _, x = _pair()
+    with stock_torch():
+        try:
+            torch.compile(f, backend="aot_eager", fullgraph=True)(x)
+        except Exception:
+            pass
+        assert leaked_fakes(x.holder) or x.holder.calls != 2
+
+
+@dynamo_ext.register_ctx_state
+class Empty:
+    pass
+
+
+def test_journal_undo_strips_what_a_trace_added_to_an_existing_object():
+    obj = Empty()  # exists before the journal opens, with nothing in its __dict__
+    with Journal() as j:
+        obj.value = torch.ones(1)
+        assert [(name, old) for _, name, old, _ in j.net_writes()] == [("value", MISSING)]
+        j.undo()
+    assert vars(obj) == {}
+
+
+def test_journal_counts_an_object_built_during_it_as_constructed():
+    with Journal() as j:
+        h = Holder(calls=5)  # built while the journal is open
+        h.calls = 6
+        assert [(name, old, new) for _, name, old, new in j.net_writes()] == [("calls", 5, 6)]
+        j.undo()
+    assert vars(h) == {"calls": 5}  # as constructed, not stripped
+    assert "__init__" not in vars(Empty) and "__setattr__" not in vars(Holder)  # hooks removed
