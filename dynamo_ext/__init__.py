@@ -153,17 +153,29 @@ TABLE: list[Patch] = [
 _PATCHES = PatchSet(TABLE)
 
 
+def _compile_lock() -> contextlib.AbstractContextManager:
+    # Dynamo holds this lock for a whole trace plus the backend compile: switching the
+    # patches under it never lands in the middle of another thread's compile.
+    from torch._dynamo.convert_frame import compile_lock
+
+    return compile_lock
+
+
 def enable() -> None:
-    """Apply the patch table. Idempotent. Fails naming the target on an unsupported torch."""
+    """Apply the patch table. Idempotent. Fails naming the target on an unsupported torch.
+    Waits for a compile running in another thread to finish."""
     _compat.check_supported()
-    _PATCHES.apply()
-    ctx_state.register_defaults()
+    with _compile_lock():
+        _PATCHES.apply()
+        ctx_state.register_defaults()
 
 
 def disable() -> None:
-    """Undo every patch, restoring the exact original torch objects. Idempotent."""
-    _PATCHES.undo()
-    dynamo_layer.release_dispatch_frames()
+    """Undo every patch, restoring the exact original torch objects. Idempotent.
+    Waits for a compile running in another thread to finish."""
+    with _compile_lock():
+        _PATCHES.undo()
+        dynamo_layer.release_dispatch_frames()
 
 
 def is_enabled() -> bool:

@@ -21,6 +21,7 @@ half; the AOTAutograd layer replays the net writes at run time.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Iterator
 
 import torch
@@ -108,6 +109,9 @@ class Journal:
     def __init__(self) -> None:
         self._old: dict[tuple[int, str], tuple[Any, str, Any]] = {}
         self._open = False
+        # Only the tracing thread's writes are the trace's: another thread's eager writes
+        # to a shared state object while this one compiles are its own, never undone.
+        self._thread = threading.get_ident()
 
     def open(self) -> "Journal":
         if not self._open:
@@ -131,12 +135,16 @@ class Journal:
         self.close()
 
     def note(self, obj: Any, name: str) -> None:
+        if threading.get_ident() != self._thread:
+            return
         key = (id(obj), name)
         if key not in self._old:
             self._old[key] = (obj, name, obj.__dict__.get(name, MISSING))
 
     def constructed(self, obj: Any) -> None:
         """``obj``'s ``__init__`` just returned: its state now is its state before."""
+        if threading.get_ident() != self._thread:
+            return
         for name, value in vars(obj).items():
             self._old[(id(obj), name)] = (obj, name, value)
 

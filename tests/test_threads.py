@@ -14,14 +14,15 @@ class-level hooks that other threads' eager code sees:
 - ``__getattr__`` on the traced subclass (answers reads of state the fake lacks):
   it only answers for the fakes it watches, so eager dispatch in another thread on
   the same subclass is unaffected (``test_two_threads_compile_and_run``);
-- ``__setattr__`` on classes registered with ``register_ctx_state`` (DTensor's
-  ``MaskBuffer`` by default): the journal is process-wide, so an assignment made by
-  another thread while a trace is open is journaled and undone when the trace ends,
-  and may fail that compile (strict expected failures below).
+- ``__setattr__`` / ``__init__`` on classes registered with ``register_ctx_state``
+  (DTensor's ``MaskBuffer`` by default): a journal only records assignments made by
+  the thread that opened it, so another thread's eager writes to a shared state object
+  while a trace is open are its own, never undone, and do not fail that compile
+  (``test_other_threads_ctx_state_is_left_alone``).
 
-``enable()`` / ``disable()`` take no lock: ``disable()`` while another thread is
-tracing takes effect in the middle of that trace (strict expected failure below);
-``enable()`` in the middle of a stock trace gives eager state in the cases tested.
+``enable()`` / ``disable()`` take Dynamo's ``compile_lock``: called while another
+thread compiles, they wait for that compile, which finishes as it started; later
+compiles see the switch (``test_switching_while_another_thread_compiles_waits_for_it``).
 """
 
 from __future__ import annotations
@@ -212,28 +213,7 @@ def _materialize_mask():
 
 @pytest.mark.parametrize(
     "pause_on",
-    [
-        pytest.param(
-            FakeTensor,
-            id="during_dynamo_trace",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the ctx-state journal is process-wide: a MaskBuffer assignment made "
-                "by another thread while Dynamo traces is journaled and undone when that "
-                "trace ends (refcount back to 0, data None).",
-            ),
-        ),
-        pytest.param(
-            FunctionalTensor,
-            id="during_aot_pass",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the ctx-state journal is process-wide: another thread's MaskBuffer "
-                "assignment during an AOTAutograd pass is undone, and it fails the unrelated "
-                "compile with inconsistent_passes naming 'MaskBuffer.__torch_dispatch__'.",
-            ),
-        ),
-    ],
+    [pytest.param(FakeTensor, id="during_dynamo_trace"), pytest.param(FunctionalTensor, id="during_aot_pass")],
 )
 def test_other_threads_ctx_state_is_left_alone(pause_on):
     pytest.importorskip("torch.distributed.tensor._ops._mask_buffer")
@@ -245,16 +225,17 @@ def test_other_threads_ctx_state_is_left_alone(pause_on):
     assert x.tag == 2
 
 
-def _disable_from_another_thread():
-    """Call disable(); wait briefly: it may return, block until the compile ends, or raise."""
+def _from_another_thread(fn):
+    """Call ``fn`` in a new thread; wait briefly: it may return, block until the compile
+    ends (enable/disable wait for Dynamo's compile lock), or raise."""
     result: dict = {}
 
     def run():
         try:
-            dynamo_ext.disable()
+            fn()
             result["returned"] = True
-        except Exception as e:  # noqa: BLE001 - a refusal is an accepted outcome
-            result["refused"] = e
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            result["raised"] = e
 
     t = threading.Thread(target=run)
     t.start()
@@ -263,40 +244,26 @@ def _disable_from_another_thread():
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="disable() takes no lock and takes effect inside another thread's running trace: "
-    "the write of the op already being traced is recorded, the next op's is not, and the "
-    "cached graph replays tag=1 on every later call where eager leaves 2 (stock: 0 on "
-    "aot_eager, 2 on eager).",
-)
-def test_disable_while_another_thread_compiles(backend):
+@pytest.mark.parametrize("switch", ["disable", "enable"])
+def test_switching_while_another_thread_compiles_waits_for_it(backend, switch):
+    """enable()/disable() take Dynamo's compile lock: called while another thread is in
+    the middle of a trace, they wait for that compile, which finishes as it started
+    (eager's state with dynamo_ext, stock's without); later compiles see the new state."""
+    before, after = (dynamo_ext.enable, dynamo_ext.disable) if switch == "disable" else (dynamo_ext.disable, dynamo_ext.enable)
+    before()
     try:
-        x, error, (disabler, result) = _with_paused_compile(FakeTensor, backend, _disable_from_another_thread)
-        disabler.join(WAIT_S)
+        x, error, (switcher, result) = _with_paused_compile(FakeTensor, backend, lambda: _from_another_thread(after))
+        switcher.join(WAIT_S)
+        assert not switcher.is_alive() and result == {"returned": True}
         assert error is None, error
         stock_tag = 2 if backend == "eager" else 0  # stock: dispatch runs at run time, or the write is lost
-        if "refused" in result:
-            assert x.tag == 2  # the compile went on with dynamo_ext
-        else:
-            assert x.tag in (2, stock_tag), f"tag={x.tag}: neither eager's state nor stock's"
-        # A later call of the same compiled code, on a fresh input.
+        assert x.tag == (2 if switch == "disable" else stock_tag)  # the compile finished as it started
+        assert dynamo_ext.is_enabled() == (switch == "enable")
+        # A new compile after the switch.
         _Pausing.reached.set()  # no pause from now on
+        torch._dynamo.reset()
         y = _Pausing(torch.arange(4.0))
         torch.compile(_two_muls, backend=backend, fullgraph=True)(y)
-        assert y.tag in (2, stock_tag), f"tag={y.tag} on a later call"
-    finally:
-        dynamo_ext.enable()
-
-
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-def test_enable_while_another_thread_compiles(backend):
-    dynamo_ext.disable()
-    try:
-        x, error, _ = _with_paused_compile(FakeTensor, backend, dynamo_ext.enable)
-        assert error is None, error
-        stock_tag = 2 if backend == "eager" else 0
-        assert x.tag in (2, stock_tag)
-        assert x.tag == 2  # in fact: dynamo_ext's (eager) state
+        assert y.tag == (stock_tag if switch == "disable" else 2)
     finally:
         dynamo_ext.enable()
