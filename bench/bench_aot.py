@@ -1,107 +1,106 @@
-"""Cost of the AOTAutograd layer: its run-time epilogue and its compile-time analysis,
-side by side with stock torch.compile in one run.
+"""Cost of the AOTAutograd layer alone: its run-time epilogue and its compile time, side by
+side with stock torch.compile and with both layers (the default) in one run.
 
-    python -m bench.bench_aot [--reps 31] [--calls 1000] [--compile-reps 5]
+    python -m bench.bench_aot [--reps 31] [--compile-reps 9] [--backend aot_eager]
+    python -m bench --sections replay      (the suite: this table is part of section 2)
 
-Three ways to compile the same program (backend aot_eager):
+Three ways to compile the same program:
   stock       dynamo_ext disabled (writes are lost);
   both        dynamo_ext, writes recorded in Dynamo and replayed by its residual bytecode;
   aot_only    dynamo_ext with config.dynamo_layer = False: AOTAutograd's passes plan the
               writes and the run-time epilogue replays them.
 
 Per call: interleaved rounds, median, ratios paired round by round. "epilogue µs per
-write" = (aot_only on the writing program - stock on the same program) / writes, i.e.
-what replaying one write in the epilogue adds to a call (for tensor writes this includes
-computing the tensor, which stock skips). Compile: first-call time after
-torch._dynamo.reset(), interleaved over --compile-reps repetitions, median.
+write" = (aot_only - stock on the same program) / writes (for tensor writes this includes
+computing the tensor, which stock skips); "AOT only - both" is what the epilogue costs
+per call over the residual-bytecode replay of the same writes. Compile: first-call time of a
+fresh function after torch._dynamo.reset(), interleaved cold compiles, median ratio.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
-import torch
-
-import dynamo_ext
-
-from .programs import PROGRAMS, fresh_fn
-from .timing import interleaved, paired, ratio, spread
-
-MODES = ("stock", "both", "aot_only")
-SELECTED = [p for p in PROGRAMS if p[0] != "plain tensor, no writes"]
+from . import settings as presets
+from .report import Table
+from .settings import Settings
+from .timing import Summary, differences, ratios
 
 
-def _set_mode(mode: str) -> None:
-    if mode == "stock":
-        dynamo_ext.disable()
-    else:
-        dynamo_ext.enable()
-        dynamo_ext.config.dynamo_layer = mode == "both"
-
-
-def _compile(make, mode, tag):
-    _set_mode(mode)
-    compiled = torch.compile(fresh_fn(tag), backend="aot_eager", fullgraph=True)
-    x = make()
-    t0 = time.perf_counter()
-    compiled(x)
-    elapsed = time.perf_counter() - t0
-    compiled(x)
-    return compiled, x, elapsed
+def aot_table(s: Settings, data: dict) -> Table:
+    pc, cs = data["per_call"], data["compile_s"]
+    t = Table(
+        "replay_aot_only",
+        "AOTAutograd layer alone (config.dynamo_layer = False): run-time epilogue and compile time",
+        [
+            "program",
+            "stock µs/call",
+            "both layers µs/call",
+            "AOT only µs/call",
+            "AOT only / stock",
+            "epilogue µs per write",
+            "AOT only - both, µs/call",
+            "compile stock ms",
+            "compile both / stock",
+            "compile AOT only / stock",
+        ],
+    )
+    for name, n, kind, _ in data["programs"]:
+        st, bo, ao = (pc[(name, m)] for m in ("stock", "dynamo_ext", "aot_only"))
+        per_write = Summary.of(differences(ao, st, per=n))
+        over_both = Summary.of(differences(ao, bo))
+        c_st, c_bo, c_ao = (cs[(name, m)] for m in ("stock", "dynamo_ext", "aot_only"))
+        r_bo, r_ao = Summary.of(ratios(c_bo, c_st)), Summary.of(ratios(c_ao, c_st))
+        t.add(
+            [
+                name,
+                Summary.of(st).fmt(1),
+                Summary.of(bo).fmt(1),
+                Summary.of(ao).fmt(1),
+                f"{Summary.of(ratios(ao, st)).median:.3f}",
+                per_write.fmt(2),
+                over_both.fmt(2),
+                f"{Summary.of(c_st).median * 1e3:.0f}",
+                f"{r_bo.median:.2f} ({r_bo.q1:.2f}-{r_bo.q3:.2f})",
+                f"{r_ao.median:.2f} ({r_ao.q1:.2f}-{r_ao.q3:.2f})",
+            ],
+            {
+                "program": name,
+                "kind": kind,
+                "writes": n,
+                **Summary.of(st).csv("stock_us"),
+                **Summary.of(bo).csv("both_us"),
+                **Summary.of(ao).csv("aot_only_us"),
+                **per_write.csv("epilogue_us_per_write"),
+                **over_both.csv("aot_only_minus_both_us"),
+                **Summary.of(c_st).csv("stock_compile_s"),
+                **r_bo.csv("compile_both_ratio"),
+                **r_ao.csv("compile_aot_only_ratio"),
+            },
+        )
+    t.notes.append(
+        "The default path (both layers) replays through Dynamo's residual bytecode and has no epilogue; "
+        "AOT only is the path for writes Dynamo never sees and for `config.dynamo_layer = False`."
+    )
+    return t
 
 
 def main(argv=None):
     p = argparse.ArgumentParser()
-    p.add_argument("--reps", type=int, default=31)
-    p.add_argument("--calls", type=int, default=1000)
-    p.add_argument("--compile-reps", type=int, default=5)
+    p.add_argument("--reps", type=int, default=31, help="interleaved rounds")
+    p.add_argument("--compile-reps", type=int, default=9)
+    p.add_argument("--backend", default="aot_eager", choices=["aot_eager", "inductor"])
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    torch._dynamo.config.cache_size_limit = 64
+    from .__main__ import setup
+    from .bench_writes import measure
 
-    # Compile time: every (program, mode) compiled afresh, interleaved.
-    compile_s: dict[tuple[str, str], list[float]] = {}
-    tag = 0
-    for name, make in SELECTED:  # warm-up round, discarded: first compiles pay imports
-        for mode in MODES:
-            tag += 1
-            _compile(make, mode, tag)
-    for _ in range(args.compile_reps):
-        for name, make in SELECTED:
-            for mode in MODES:
-                tag += 1
-                compile_s.setdefault((name, mode), []).append(_compile(make, mode, tag)[2])
-
-    # Per call.
-    variants = []
-    for name, make in SELECTED:
-        for mode in MODES:
-            tag += 1
-            compiled, x, _ = _compile(make, mode, tag)
-            variants.append((name, mode, compiled, x))
-    dynamo_ext.disable()
-    dynamo_ext.config.dynamo_layer = True
-    samples = interleaved([(lambda c=c, x=x: c(x)) for _, _, c, x in variants], args.reps, args.calls)
-    per_call = {(name, mode): got for (name, mode, _, _), got in zip(variants, samples)}
-
-    print(f"torch {torch.__version__}, backend aot_eager, {args.reps} interleaved rounds x {args.calls} calls, "
-          f"{args.compile_reps} compiles per variant, 1 thread")
-    print()
-    print("| program | stock µs/call | both layers µs/call | AOT only µs/call | AOT only / stock | epilogue µs per write "
-          "| compile stock ms | compile both / stock | compile AOT only / stock |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, _ in SELECTED:
-        st, bo, ao = (per_call[(name, m)] for m in MODES)
-        n = int(name.split(", ")[1].split()[0]) if "write(s)" in name else 0
-        per_write = f"{paired(ao, st, lambda x, y: x - y) / n:.2f}" if n else "-"
-        cs = [compile_s[(name, m)] for m in MODES]
-        print(
-            f"| {name} | {statistics.median(st):.1f} ({spread(st)}) | {statistics.median(bo):.1f} ({spread(bo)}) "
-            f"| {statistics.median(ao):.1f} ({spread(ao)}) | {ratio(ao, st):.3f} | {per_write} "
-            f"| {statistics.median(cs[0]) * 1e3:.0f} | {ratio(cs[1], cs[0]):.2f} | {ratio(cs[2], cs[0]):.2f} |"
-        )
+    s = presets.full(args.backend)
+    s.rounds, s.compile_reps_small = args.reps, args.compile_reps
+    setup(s)
+    data = measure(s, aot_only=True)
+    print(aot_table(s, data).markdown())
+    for x in data["problems"]:
+        print("check failed:", x)
 
 
 if __name__ == "__main__":
