@@ -50,6 +50,7 @@ from .capture import (
     AttributeWrite,
     InstanceSnapshot,
     ValueKind,
+    _same_value,
     classify_value,
     is_watched_type,
     refusal_for,
@@ -84,10 +85,20 @@ def _top(name: str) -> Any:
     return stack[-1] if stack else None
 
 
+class _GraphValue:
+    def __repr__(self) -> str:
+        return "<a graph value>"
+
+
+#: What the Dynamo layer recorded for a write whose value is a tensor or symbolic size.
+GRAPH_VALUE = _GraphValue()
+
+
 @contextlib.contextmanager
-def dynamo_handled(writes: dict[int, set[str]]) -> Iterator[None]:
-    """While Dynamo compiles a graph: ``{id(real input): names}`` its residual bytecode replays."""
-    with _pushed("handled", writes):
+def dynamo_handled(writes: dict[int, dict[str, Any]], observed: dict[int, dict[str, Any]]) -> Iterator[None]:
+    """While Dynamo compiles a graph: ``{id(real input): {name: value}}`` its residual
+    bytecode replays; ``observed``: the same seen but not recorded (Dynamo layer off)."""
+    with _pushed("handled", writes), _pushed("observed", observed):
         yield
 
 
@@ -125,9 +136,12 @@ class PlannedWrite:
 class WritePlan:
     """The writes one compiled graph must replay, agreed on by every tracing pass."""
 
-    def __init__(self, handled: dict[int, set[str]] | None = None) -> None:
+    def __init__(
+        self, handled: dict[int, dict[str, Any]] | None = None, observed: dict[int, dict[str, Any]] | None = None
+    ) -> None:
         self.real_inputs: list[Any] = []
         self.handled = handled or {}
+        self.observed = observed or {}
         self.writes: list[PlannedWrite] | None = None
         self.n_extra = 0
         self.passes = 0
@@ -159,6 +173,12 @@ class WritePlan:
         """
         planned: list[PlannedWrite] = []
         extras: list[Any] = []
+        for i, wr in writes:
+            if i < len(self.real_inputs):
+                real = id(self.real_inputs[i])
+                seen = (self.handled.get(real) or self.observed.get(real) or {}).get(wr.name, MISSING)
+                if seen is not MISSING:
+                    self._check_against_dynamo(args, i, wr, seen)
         todo = [(i, None, wr) for i, wr in writes if not self._skip(i, wr.name)]
         todo += [(-1, obj, wr) for obj, wr in object_writes]
         for index, obj, wr in todo:
@@ -190,6 +210,22 @@ class WritePlan:
         return extras
 
     @staticmethod
+    def _check_against_dynamo(args: Sequence[Any], index: int, wr: AttributeWrite, recorded: Any) -> None:
+        """The constant Dynamo's fake propagation wrote must be the one this pass
+        computed, or the value depends on how the op was traced (e.g. on the inner
+        tensors' type) and no traced value is known to be eager's."""
+        if recorded is GRAPH_VALUE or classify_value(wr.new) is not ValueKind.CONSTANT:
+            return
+        if not _same_value(recorded, wr.new):
+            raise SubclassWriteError(
+                RefusalKind.INCONSISTENT_PASSES,
+                type(args[index]).__name__,
+                wr.name,
+                type(wr.new).__name__,
+                context=f"Dynamo recorded {wr.name}={recorded!r}; an AOTAutograd pass wrote {wr.new!r}",
+            )
+
+    @staticmethod
     def _plan_graph_value(
         args: Sequence[Any],
         index: int,
@@ -213,6 +249,11 @@ class WritePlan:
         """The instances of a finished pass, as restored: anything written on them later
         was written by the backward, which AOTAutograd traces after the forward returned."""
         self._passes_after.append(snaps)
+
+    def forget_passes(self) -> None:
+        """Drop the traced instances kept for ``plan_backward`` (they hold fake and
+        functional tensors): the plan lives as long as the compiled function."""
+        self._passes_after = []
 
     def plan_backward(self) -> None:
         """Plan the writes the backward made (constants), replayed once per backward call.
@@ -327,6 +368,19 @@ def _seed_constants(traced: Any, real: Any) -> None:
                 mine[name] = copied
 
 
+# The entry snapshots of the AOTAutograd pass running now, by id of the traced instance.
+_PASS_ENTRY: dict[int, InstanceSnapshot] = {}
+
+
+def seeded(obj: Any, name: str) -> None:
+    """A ``seed_attr`` node handed a traced instance an attribute of its real input
+    during a pass: it belongs to the pass's entry state (else deleting it, say, would
+    not show in the pass's diff)."""
+    snap = _PASS_ENTRY.get(id(obj))
+    if snap is not None and snap.obj is obj and name not in snap.entries:
+        snap.entries[name] = obj.__dict__[name]
+
+
 def tracing_pass(fn: Callable[..., Any], plan: WritePlan | None, flat_outputs: bool) -> Callable[..., Any]:
     """Wrap the function AOTAutograd traces: one call is one tracing pass.
 
@@ -347,6 +401,7 @@ def tracing_pass(fn: Callable[..., Any], plan: WritePlan | None, flat_outputs: b
                     _seed_constants(a, reals[i])
                 before.append((i, InstanceSnapshot(a)))
         journal = Journal().open()
+        _PASS_ENTRY.update((id(snap.obj), snap) for _, snap in before)
         try:
             out = fn(*args, **kwargs)
             _refuse_inner_metadata_mutation(leaves, before)
@@ -361,6 +416,7 @@ def tracing_pass(fn: Callable[..., Any], plan: WritePlan | None, flat_outputs: b
             else:
                 extras = plan.plan_pass(leaves, writes, {i: snap.entries for i, snap in before}, object_writes)
         finally:
+            _PASS_ENTRY.clear()
             journal.undo()
             journal.close()
             for _, snap in before:
@@ -457,7 +513,10 @@ def _compile_with_plan(plan: WritePlan, compile_: Callable[[], Any]) -> Any:
             compiled = compile_()
     finally:
         plan.pass_state = []  # trace-time values: must not outlive the compile
-    plan.plan_backward()
+    try:
+        plan.plan_backward()
+    finally:
+        plan.forget_passes()
     return compiled
 
 
@@ -471,12 +530,13 @@ def make_aot_module_simplified_hook(original: Callable[..., Any]) -> Callable[..
         if not config.aot_layer or not any(is_watched_type(a) for a in args):
             return original(mod, args, *rest, **kwargs)
         handled = _top("handled")
-        plan = WritePlan(handled)
+        plan = WritePlan(handled, _top("observed"))
         compiled = _compile_with_plan(plan, lambda: original(mod, args, *rest, **kwargs))
         if not plan.writes and not plan.backward_writes:
             return compiled
         n_params = len(plan.real_inputs) - len(args)
         params = plan.real_inputs[:n_params]
+        plan.real_inputs = []  # compile-time only: the compiled function must not keep the inputs alive
         # Under Dynamo its guards keep the inputs' state as traced; called directly, check.
         check = handled is None
 
@@ -555,6 +615,7 @@ def make_aot_function_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             if not traced:  # aot_function traces on its first call
                 plan.real_inputs = list(leaves)
                 out, extras = _compile_with_plan(plan, lambda: compiled(*args, **kw))
+                plan.real_inputs = []
                 traced = True
             else:
                 plan.check_entry_state(leaves)

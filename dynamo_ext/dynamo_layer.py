@@ -36,6 +36,7 @@ from .capture import (
     AttributeWrite,
     InstanceSnapshot,
     ValueKind,
+    _same_value,
     classify_value,
     is_watched_type,
     refusal_for,
@@ -72,6 +73,7 @@ def seed_attr(obj: Any, name: str, value: Any) -> None:
     """
     if name not in obj.__dict__:
         obj.__dict__[name] = value if isinstance(value, torch.Tensor) else seed_copy(value)
+        aot_layer.seeded(obj, name)
 
 
 def seed_ctx_state(obj: Any, path: tuple, name: str, value: Any) -> None:
@@ -137,7 +139,10 @@ class FrameState:
         self.originals: dict[int, InstanceSnapshot] = {}
         self.guarded_reads: set[tuple[int, str]] = set()
         # Writes recorded with SideEffects, per real input: the AOT layer leaves them alone.
-        self.recorded: dict[int, tuple[Any, set[str]]] = {}
+        # name -> the constant recorded (the last write wins), or GRAPH_VALUE.
+        self.recorded: dict[int, tuple[Any, dict[str, Any]]] = {}
+        # The same, with the Dynamo layer off: seen in fake propagation, not recorded.
+        self.observed: dict[int, dict[str, Any]] = {}
         # Writes on objects reachable from a ctx (ctx_state): isolation only; dispatch
         # replays them at run time with backend="eager", the AOT layer otherwise.
         self.journal = Journal()
@@ -501,7 +506,43 @@ def _graph_value_vt(tx: Any, state: FrameState, w: _Watched, write: AttributeWri
     return wrap_fx_proxy(tx, proxy)
 
 
+def _round_trip_mismatch(w: _Watched, entry: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    """An attribute of the real input that the traced instance, as unflatten built it,
+    does not hold: ``(name, traced value, input value)``. A value the fake lacks is
+    normally answered from the input on read (``_ReadLog``), unless a class-level
+    default answers first; a constant the fake holds must be the input's."""
+    cls = type(w.fake)
+    for name, real_value in vars(w.real).items():
+        traced = entry.get(name, MISSING)
+        if traced is MISSING:
+            if not hasattr(cls, name):
+                continue  # read through to the input
+            traced = getattr(cls, name)
+            if isinstance(real_value, torch.Tensor) or not _same_value(traced, real_value):
+                return name, traced, real_value
+        elif (
+            not isinstance(real_value, torch.Tensor)
+            and classify_value(real_value) is ValueKind.CONSTANT
+            and classify_value(traced) is ValueKind.CONSTANT
+            and not _same_value(traced, real_value)
+        ):
+            return name, traced, real_value
+    return None
+
+
 def _record(tx: Any, state: FrameState, w: _Watched, writes: list[AttributeWrite]) -> None:
+    if w.is_input and id(w.fake) in state.originals:
+        bad = _round_trip_mismatch(w, state.originals[id(w.fake)].entries)
+        if bad is not None:
+            name, traced, real = bad
+            _refuse(
+                RefusalKind.FLATTEN_ROUND_TRIP,
+                w,
+                name,
+                type(real).__name__,
+                f"traced instance has {name}={traced!r}, the input has {name}={real!r}; "
+                f"writes on it: {', '.join(wr.name for wr in writes)}",
+            )
     if tx.output.current_tracer.parent is not None:
         wr = writes[0]
         _refuse(RefusalKind.WRITE_IN_HOP, w, wr.name, type(wr.new).__name__)
@@ -522,7 +563,8 @@ def _record(tx: Any, state: FrameState, w: _Watched, writes: list[AttributeWrite
         log.debug("write recorded: %s.%s <- %s", where, wr.name, type(wr.new).__name__)
         tx.output.side_effects.store_attr(w.vt, wr.name, value_vt)
         if w.is_input:
-            state.recorded.setdefault(id(w.real), (w.real, set()))[1].add(wr.name)
+            recorded = wr.new if classify_value(wr.new) is ValueKind.CONSTANT else aot_layer.GRAPH_VALUE
+            state.recorded.setdefault(id(w.real), (w.real, {}))[1][wr.name] = recorded
 
 
 # --------------------------------------------------------------------------- #
@@ -625,11 +667,16 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                 attempt.close()
             break
         reads.finish(tx, state, node)
-        if config.dynamo_layer:
-            for w, snap in zip(watched, snaps):
-                writes = snap.writes()
-                if writes:
-                    _record(tx, state, w, writes)
+        for w, snap in zip(watched, snaps):
+            writes = snap.writes()
+            if not writes:
+                continue
+            if config.dynamo_layer:
+                _record(tx, state, w, writes)
+            elif w.is_input:  # AOT layer alone: what fake propagation wrote, for its check
+                seen = state.observed.setdefault(id(w.real), {})
+                for wr in writes:
+                    seen[wr.name] = wr.new if classify_value(wr.new) is ValueKind.CONSTANT else aot_layer.GRAPH_VALUE
         return result
 
     return _get_fake_value_impl
@@ -646,7 +693,7 @@ def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., An
         state.restore_all()
         # The backend is called from inside: tell the AOT layer which writes the
         # residual bytecode already replays, so none is applied twice.
-        with aot_layer.dynamo_handled({k: names for k, (_, names) in state.recorded.items()}):
+        with aot_layer.dynamo_handled({k: names for k, (_, names) in state.recorded.items()}, state.observed):
             return original(self, *args, **kwargs)
 
     return compile_subgraph

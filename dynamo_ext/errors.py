@@ -35,8 +35,10 @@ class RefusalKind(str, enum.Enum):
     INNER_METADATA_MUTATION = "inner_metadata_mutation"
     #: A directly compiled AOTAutograd function called with state other than it was traced with.
     STALE_PLAN = "stale_plan"
-    #: AOTAutograd's passes disagree with what Dynamo recorded.
+    #: AOTAutograd's passes disagree with each other or with what Dynamo recorded.
     INCONSISTENT_PASSES = "inconsistent_passes"
+    #: The traced instance does not hold the input's state (flatten/unflatten do not round-trip it).
+    FLATTEN_ROUND_TRIP = "flatten_round_trip"
 
     @property
     def gb_type(self) -> str:
@@ -94,7 +96,13 @@ _WHY = {
     ),
     RefusalKind.INCONSISTENT_PASSES: (
         "AOTAutograd traced the function several times and the attribute writes differed "
-        "between passes, so there is no single write to replay."
+        "between passes (or from what Dynamo recorded), so there is no single write to replay."
+    ),
+    RefusalKind.FLATTEN_ROUND_TRIP: (
+        "torch.compile traces the op on an instance rebuilt with __tensor_flatten__ / "
+        "__tensor_unflatten__, and that instance does not hold the input's value of this "
+        "attribute (unflatten drops or resets it, or a class-level default hides it), so "
+        "the traced write was computed from state eager would not see."
     ),
 }
 
@@ -140,6 +148,12 @@ _HINTS = {
     RefusalKind.INCONSISTENT_PASSES: [
         "Make the write depend only on the subclass's flatten state and the op's inputs.",
     ],
+    RefusalKind.FLATTEN_ROUND_TRIP: [
+        "Make __tensor_unflatten__ restore every ctx entry and inner tensor "
+        "__tensor_flatten__ returns.",
+        "Keep state outside the ctx out of class-level defaults (set it in __init__ or "
+        "read it with getattr(self, name, default)).",
+    ],
 }
 
 
@@ -147,6 +161,9 @@ def explain(kind: RefusalKind, cls_name: str, attr: str, value_type: str) -> str
     if kind is RefusalKind.UNSUPPORTED_STATE_READ:
         what = f"read attribute {attr!r} (value of type {value_type}) of a graph input"
         cannot = "cannot carry it into the traced program"
+    elif kind is RefusalKind.FLATTEN_ROUND_TRIP:
+        what = f"wrote on a graph input whose attribute {attr!r} (value of type {value_type}) the traced instance does not hold"
+        cannot = "cannot replay its writes exactly"
     else:
         what = f"wrote attribute {attr!r} (value of type {value_type}) on a graph input"
         cannot = "cannot replay it exactly"
