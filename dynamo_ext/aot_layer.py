@@ -314,19 +314,21 @@ class WritePlan:
         cut = len(out) - self.n_extra
         return type(out)(out[:cut]), out[cut:]
 
+    @functools.cached_property
+    def _steps(self) -> list[tuple[Any, int, str, str, Any]]:
+        # Read at run time only, once the passes have fixed the plan: one flat tuple per write.
+        return [(w.obj, w.input_index, w.name, w.kind, w.value) for w in self.writes or ()]
+
     def apply(self, inputs: Sequence[Any], extras: Sequence[Any]) -> None:
         """Set the planned writes on the real inputs, in the order dispatch made them."""
-        for w in self.writes or ():
-            if w.kind == "constant":
-                value = w.value
-            elif w.kind == "output":
-                value = extras[w.value]
-            elif w.kind == "input":
-                value = inputs[w.value]
-            else:
-                j, inner = w.value
-                value = getattr(inputs[j], inner)
-            setattr(w.target(inputs), w.name, value)
+        for obj, index, name, kind, value in self._steps:
+            if kind == "output":
+                value = extras[value]
+            elif kind == "input":
+                value = inputs[value]
+            elif kind == "inner":
+                value = getattr(inputs[value[0]], value[1])
+            setattr(inputs[index] if obj is None else obj, name, value)
 
     def replay(self, inputs: Sequence[Any], out: Any) -> Any:
         out, extras = self.strip(out)

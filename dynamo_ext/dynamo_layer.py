@@ -148,24 +148,30 @@ class FrameState:
         self.journal = Journal()
         self.lifted: set[tuple[int, str]] = set()  # (id(state object), attribute) made graph inputs
         self._by_fake: dict[int, Any] = {}
-        self._n_inputs = -1
+        self._inputs_seen: set[Any] = set()
         self._by_fake_new: dict[int, Any] = {}
-        self._n_tracked = -1
+        self._tracked_seen: set[Any] = set()
+
+    @staticmethod
+    def _new_items(d: dict, seen: set) -> list:
+        """The items of ``d`` added since the last call (dicts keep insertion order, so
+        they are at the end): per op this costs the new entries, not the whole dict."""
+        new = []
+        for key, value in reversed(d.items()):
+            if key in seen:
+                break
+            new.append((key, value))
+        seen.update(k for k, _ in new)
+        return new[::-1]
 
     def input_for_fake(self, output: Any, fake: Any) -> Any:
-        inputs = output.input_source_to_var
-        if len(inputs) != self._n_inputs:
-            from torch._dynamo.variables import TensorVariable
+        from torch._dynamo.variables import TensorVariable
 
-            self._by_fake = {}
-            for vt in inputs.values():
-                if not isinstance(vt, TensorVariable):
-                    continue
-                proxy = vt.proxy
-                ev = proxy.node.meta.get("example_value")
-                if ev is not None and "grapharg" in proxy.node.meta:
+        for _, vt in self._new_items(output.input_source_to_var, self._inputs_seen):
+            if isinstance(vt, TensorVariable):
+                ev = vt.proxy.node.meta.get("example_value")
+                if ev is not None and "grapharg" in vt.proxy.node.meta:
                     self._by_fake[id(ev)] = vt
-            self._n_inputs = len(inputs)
         return self._by_fake.get(id(fake))
 
     def intermediates(self, output: Any) -> dict[int, Any]:
@@ -173,14 +179,11 @@ class FrameState:
         from torch._dynamo.variables import TensorVariable
 
         side_effects = output.side_effects
-        if len(side_effects.id_to_variable) != self._n_tracked:
-            self._by_fake_new = {}
-            for vt in side_effects.id_to_variable.values():
-                if isinstance(vt, TensorVariable) and side_effects.is_attribute_mutation(vt) and vt.source is None:
-                    ev = vt.proxy.node.meta.get("example_value")
-                    if ev is not None:
-                        self._by_fake_new[id(ev)] = vt
-            self._n_tracked = len(side_effects.id_to_variable)
+        for _, vt in self._new_items(side_effects.id_to_variable, self._tracked_seen):
+            if isinstance(vt, TensorVariable) and side_effects.is_attribute_mutation(vt) and vt.source is None:
+                ev = vt.proxy.node.meta.get("example_value")
+                if ev is not None:
+                    self._by_fake_new[id(ev)] = vt
         return self._by_fake_new
 
     def remember(self, fake: Any) -> None:
