@@ -56,6 +56,13 @@ def make_apply_in_graph_mutations(original: Callable[..., Any]) -> Callable[...,
         try:
             return original(input_info, inpt_old, inpt_new, f_inpt, input_idx, *rest, **kwargs)
         except RuntimeError as e:
+            data_only = not (
+                input_info.mutates_metadata
+                or input_info.mutates_storage_metadata
+                or input_info.mutation_inductor_storage_resize
+            )
+            if not data_only:  # the original may have applied part of it already
+                raise
             _copy_inner(
                 inpt_old,
                 inpt_new,
