@@ -188,18 +188,16 @@ def format_profile(ser: Series, x: int, stats: dict, silent: dict) -> str:
         w(f"  {_short(k)}\n")
         for ct, nc, callee in rows:
             w(f"      {ct:8.3f} s {nc:>7} calls  {_short(callee)}\n")
-    w("\nfunctions whose cumulative time grew most over stock's (dynamo_ext - stock, s)\n")
-    a = {k: v[3] for k, v in stock.stats.items()}
-    b = {k: v[3] for k, v in ours.stats.items()}
-    grown = sorted(set(a) | set(b), key=lambda k: -(b.get(k, 0) - a.get(k, 0)))
-    for k in grown[:30]:
-        w(f"{a.get(k, 0):8.3f} {b.get(k, 0):8.3f} {b.get(k, 0) - a.get(k, 0):+8.3f}  {_short(k)}\n")
-    w("\nfunctions whose own time (tottime) grew most over stock's (stock, dynamo_ext, difference, s)\n")
-    a = {k: v[2] for k, v in stock.stats.items()}
-    b = {k: v[2] for k, v in ours.stats.items()}
-    grown = sorted(set(a) | set(b), key=lambda k: -(b.get(k, 0) - a.get(k, 0)))
-    for k in grown[:25]:
-        w(f"{a.get(k, 0):8.3f} {b.get(k, 0):8.3f} {b.get(k, 0) - a.get(k, 0):+8.3f}  {_short(k)}\n")
+    for column, limit, title in (
+        (3, 30, "cumulative time grew most over stock's (stock, dynamo_ext, difference, s)"),
+        (2, 25, "own time (tottime) grew most over stock's (stock, dynamo_ext, difference, s)"),
+    ):
+        w(f"\nfunctions whose {title}\n")
+        a = {k: v[column] for k, v in stock.stats.items()}
+        b = {k: v[column] for k, v in ours.stats.items()}
+        grown = sorted(set(a) | set(b), key=lambda k: -(b.get(k, 0) - a.get(k, 0)))
+        for k in grown[:limit]:
+            w(f"{a.get(k, 0):8.3f} {b.get(k, 0):8.3f} {b.get(k, 0) - a.get(k, 0):+8.3f}  {_short(k)}\n")
     return out.getvalue()
 
 
