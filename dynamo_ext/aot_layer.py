@@ -55,6 +55,7 @@ from .capture import (
     is_watched_type,
     refusal_for,
     seed_copy,
+    user_state,
 )
 from .ctx_state import Journal
 from .errors import RefusalKind, SubclassWriteError
@@ -363,7 +364,7 @@ class WritePlan:
 def _seed_constants(traced: Any, real: Any) -> None:
     """Hand a pass's instance the real input's state that unflatten cannot restore."""
     mine = traced.__dict__
-    for name, value in real.__dict__.items():
+    for name, value in user_state(real.__dict__).items():
         if name not in mine and not isinstance(value, torch.Tensor):
             copied = seed_copy(value)
             if copied is not MISSING:

@@ -90,6 +90,24 @@ def _contains_tensor(value: Any) -> bool:
     return False
 
 
+# Attributes torch's C++ caches on the Python object of a subclass with custom sizes or
+# strides (NestedTensor): a capsule and its length, written and read by torch itself
+# (torch/csrc/PyInterpreter.cpp). Not the subclass's state: never diffed, answered,
+# seeded or restored; copying the length without the capsule aborts the process.
+TORCH_INTERNAL_ATTRS = frozenset(
+    name + suffix
+    for name in ("_sizes_capsule", "_strides_capsule", "_sym_sizes_capsule", "_sym_strides_capsule")
+    for suffix in ("", "_len")
+)
+
+
+def user_state(d: dict) -> dict:
+    """``d`` (an instance ``__dict__``) without torch's own cache entries."""
+    if TORCH_INTERNAL_ATTRS.isdisjoint(d):
+        return d
+    return {k: v for k, v in d.items() if k not in TORCH_INTERNAL_ATTRS}
+
+
 class InstanceSnapshot:
     """The ``__dict__`` of one instance at one moment."""
 
@@ -97,7 +115,7 @@ class InstanceSnapshot:
 
     def __init__(self, obj: Any) -> None:
         self.obj = obj
-        self.entries = dict(obj.__dict__)
+        self.entries = dict(user_state(obj.__dict__))
         # Plain containers can be mutated in place without rebinding the
         # attribute; keep a copy of their contents so that is not missed.
         self._deep = {
@@ -113,7 +131,7 @@ class InstanceSnapshot:
             self._deep[name] = copy.deepcopy(value)
 
     def writes(self) -> list[AttributeWrite]:
-        now = self.obj.__dict__
+        now = user_state(self.obj.__dict__)
         out = []
         for name, new in now.items():
             old = self.entries.get(name, MISSING)
@@ -131,8 +149,10 @@ class InstanceSnapshot:
 
     def restore(self) -> None:
         d = self.obj.__dict__
+        internal = {k: d[k] for k in TORCH_INTERNAL_ATTRS if k in d}  # torch's, left as they are
         d.clear()
         d.update(self.entries)
+        d.update(internal)
         for name, contents in self._deep.items():
             # An in-place mutation changed the container itself: put its contents back.
             container = self.entries[name]

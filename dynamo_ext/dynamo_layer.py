@@ -34,6 +34,7 @@ from . import aot_layer, config, ctx_state
 from .capture import (
     MISSING,
     AttributeWrite,
+    TORCH_INTERNAL_ATTRS,
     InstanceSnapshot,
     ValueKind,
     _same_value,
@@ -41,6 +42,7 @@ from .capture import (
     is_watched_type,
     refusal_for,
     seed_copy,
+    user_state,
 )
 from .ctx_state import Journal
 from .errors import RefusalKind, refuse
@@ -280,7 +282,7 @@ class _ReadLog:
             self._previous[cls] = cls.__dict__.get("__getattr__", MISSING)
             cls.__getattr__ = self._make_hook(cls)  # type: ignore[attr-defined]
         for w, _ in self._by_id.values():  # graph inputs only
-            hidden = w.real.__dict__.keys() - w.fake.__dict__.keys()
+            hidden = user_state(w.real.__dict__).keys() - w.fake.__dict__.keys()
             if hidden:
                 w.fake.__dict__ = _DirectDictAccess(w.fake.__dict__, w, sorted(hidden)[0])
         return self
@@ -302,7 +304,7 @@ class _ReadLog:
 
         def __getattr__(obj: Any, name: str) -> Any:
             entry = log_._by_id.get(id(obj))
-            if entry is None or name.startswith("__"):
+            if entry is None or name.startswith("__") or name in TORCH_INTERNAL_ATTRS:
                 if prev is not MISSING:
                     return prev(obj, name)
                 base = getattr(super(cls, obj), "__getattr__", None)
@@ -515,7 +517,7 @@ def _round_trip_mismatch(w: _Watched, entry: dict[str, Any]) -> tuple[str, Any, 
     normally answered from the input on read (``_ReadLog``), unless a class-level
     default answers first; a constant the fake holds must be the input's."""
     cls = type(w.fake)
-    for name, real_value in vars(w.real).items():
+    for name, real_value in user_state(vars(w.real)).items():
         traced = entry.get(name, MISSING)
         if traced is MISSING:
             if not hasattr(cls, name):

@@ -10,6 +10,10 @@ that behaviour exactly: same outputs, same caches, same refusal.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -54,3 +58,21 @@ def test_lazy_max_seqlen_is_refused_as_on_stock():
             torch.compile(max_seqlen, backend="aot_eager", fullgraph=True)(from_jagged())
     with pytest.raises(type(stock.value), match="data-dependent"):
         torch.compile(max_seqlen, backend="aot_eager", fullgraph=True)(from_jagged())
+
+
+@pytest.mark.parametrize(
+    "backend,flags",
+    [("eager", "011"), ("eager", "110"), ("aot_eager", "111"), ("aot_eager", "101")],
+    ids=["eager-dense_base-leaf_view", "eager-nt_base-no_grad_view", "aot_eager-nt_base-leaf_view", "aot_eager-nt_base"],
+)
+def test_compiled_fn_on_njt_views(backend, flags):
+    """torch's size caches on an NJT (``_sym_sizes_capsule``/``_len``) are not subclass
+    state: never answered from the real input (that aborted the process in C++), never
+    counted as writes (that refused them as opaque values). torch's own
+    test_inputs_to_compiled_fn_are_views cases."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    child = os.path.join(os.path.dirname(__file__), "_njt_view_child.py")
+    proc = subprocess.run([sys.executable, child, backend, *flags], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "equal"
