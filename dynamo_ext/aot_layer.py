@@ -86,13 +86,18 @@ def _top(name: str) -> Any:
     return stack[-1] if stack else None
 
 
-class _GraphValue:
+class _Marker:
+    """A named sentinel for a value the plan knows only by its kind."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+
     def __repr__(self) -> str:
-        return "<a graph value>"
+        return self._text
 
 
 #: What the Dynamo layer recorded for a write whose value is a tensor or symbolic size.
-GRAPH_VALUE = _GraphValue()
+GRAPH_VALUE = _Marker("<a graph value>")
 
 
 @contextlib.contextmanager
@@ -108,13 +113,8 @@ def dynamo_handled(writes: dict[int, dict[str, Any]], observed: dict[int, dict[s
 # --------------------------------------------------------------------------- #
 
 
-class _HeldTensor:
-    def __repr__(self) -> str:
-        return "<a tensor>"
-
-
 #: ``PlannedWrite.entry`` for an attribute that held a tensor when the pass started.
-HELD_TENSOR = _HeldTensor()
+HELD_TENSOR = _Marker("<a tensor>")
 
 
 @dataclasses.dataclass(frozen=True)
