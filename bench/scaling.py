@@ -115,12 +115,14 @@ def measure_series(s: Settings, ser: Series, counter) -> dict:
 def profile_point(s: Settings, ser: Series, x: int, counter) -> str:
     """cProfile of one cold compile at ``x``, dynamo_ext and stock; plus the compile time
     of both with Dynamo's side_effect_replay_policy = "silent" (no side-effect messages)."""
-    stats = {}
-    for mode in MODES:
+    def cold(mode):  # a fresh function at x, compiled for mode, and its argument
         torch._dynamo.reset()
         f, mk, _ = ser.build(x, s.device, f"p{next(counter)}")
-        c = _compile(f, mode, s.backend)
-        arg = mk()
+        return _compile(f, mode, s.backend), mk()
+
+    stats = {}
+    for mode in MODES:
+        c, arg = cold(mode)
         pr = cProfile.Profile()
         pr.enable()
         c(arg)
@@ -132,10 +134,7 @@ def profile_point(s: Settings, ser: Series, x: int, counter) -> str:
     try:
         torch._dynamo.config.side_effect_replay_policy = "silent"
         for mode in MODES:
-            torch._dynamo.reset()
-            f, mk, _ = ser.build(x, s.device, f"p{next(counter)}")
-            c = _compile(f, mode, s.backend)
-            arg = mk()
+            c, arg = cold(mode)
             t0 = time.perf_counter()
             c(arg)
             silent[mode] = time.perf_counter() - t0

@@ -154,11 +154,6 @@ class WritePlan:
 
     # -- compile time -------------------------------------------------------
 
-    def _skip(self, index: int, name: str) -> bool:
-        if index >= len(self.real_inputs):
-            return False
-        return name in self.handled.get(id(self.real_inputs[index]), ())
-
     def plan_pass(
         self,
         args: Sequence[Any],
@@ -174,13 +169,15 @@ class WritePlan:
         """
         planned: list[PlannedWrite] = []
         extras: list[Any] = []
+        todo: list[tuple[int, Any, AttributeWrite]] = []
         for i, wr in writes:
-            if i < len(self.real_inputs):
-                real = id(self.real_inputs[i])
-                seen = (self.handled.get(real) or self.observed.get(real) or {}).get(wr.name, MISSING)
-                if seen is not MISSING:
-                    self._check_against_dynamo(args, i, wr, seen)
-        todo = [(i, None, wr) for i, wr in writes if not self._skip(i, wr.name)]
+            real = id(self.real_inputs[i]) if i < len(self.real_inputs) else None
+            replayed = self.handled.get(real, {})  # by Dynamo's residual bytecode: not planned here
+            seen = replayed.get(wr.name, self.observed.get(real, {}).get(wr.name, MISSING))
+            if seen is not MISSING:
+                self._check_against_dynamo(args, i, wr, seen)
+            if wr.name not in replayed:
+                todo.append((i, None, wr))
         todo += [(-1, obj, wr) for obj, wr in object_writes]
         for index, obj, wr in todo:
             bad = refusal_for(wr)

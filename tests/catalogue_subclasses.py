@@ -143,15 +143,13 @@ class CtxDroppedOnUnflatten(S.WritingTensor):
             first.tag = first.tag + 1
 
 
-class CtxUnsetOnUnflatten(S.WritingTensor):
+class CtxUnsetOnUnflatten(CtxDroppedOnUnflatten):
     """``tag`` is in the ctx, but unflatten leaves the attribute unset (flatten of a
     rebuilt instance then fails)."""
 
-    CTX = ("tag",)
-
     @classmethod
     def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
-        r = cls(inner["elem"])
+        r = super().__tensor_unflatten__(inner, ctx, outer_size, outer_stride)
         del r.tag
         return r
 
