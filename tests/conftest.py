@@ -1,9 +1,11 @@
 import os
 import sys
+from typing import Any
 
 import pytest
 import torch
 import torch._dynamo
+from torch.utils._config_module import ConfigModule
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -12,12 +14,91 @@ import dynamo_ext  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
-    """Every test starts from a clean Dynamo, with dynamo_ext enabled and no silent fallback."""
+    """Every test starts from a clean Dynamo, with dynamo_ext enabled and no silent fallback.
+
+    suppress_errors is switched through torch's own context manager, never by assignment:
+    only config.patch() undoes exactly what it changed."""
+    before = {name: _config_picture(mod) for name, mod in _config_modules().items()}
     torch._dynamo.reset()
-    saved = torch._dynamo.config.suppress_errors
-    torch._dynamo.config.suppress_errors = False
     dynamo_ext.enable()
-    yield
-    torch._dynamo.config.suppress_errors = saved
+    with torch._dynamo.config.patch(suppress_errors=False):
+        yield
     dynamo_ext.enable()  # a test that disabled it must not leak that into the next
     torch._dynamo.reset()
+    problems = config_changes(before)
+    assert not problems, "the test changed torch config outside config.patch(): " + "; ".join(problems)
+
+
+# --------------------------------------------------------------------------- config hygiene
+# Tests may change torch's global state only through torch's own context managers
+# (``torch._dynamo.config.patch(...)``). pytest's monkeypatch, for one, restores a config
+# module's attribute by deleting it on undo in recent releases, after which the option no
+# longer exists and every later compile fails. The picture of every config module taken at
+# the start of the run must be the one at its end.
+
+_MISSING = object()
+
+
+def _config_modules() -> dict[str, ConfigModule]:
+    return {name: mod for name, mod in list(sys.modules.items()) if isinstance(mod, ConfigModule)}
+
+
+def _config_picture(mod: ConfigModule) -> dict[str, Any]:
+    picture = {}
+    for key, entry in mod._config.items():
+        if entry.hide:  # deleted (what monkeypatch's undo does): the key no longer exists
+            continue
+        try:
+            picture[key] = getattr(mod, key)
+        except AttributeError:
+            picture[key] = _MISSING
+    return picture
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def config_changes(before: dict[str, dict[str, Any]]) -> list[str]:
+    """What differs in the config modules seen in ``before`` (lost, gained or changed keys)."""
+    problems = []
+    now = _config_modules()
+    for name, old in before.items():
+        mod = now.get(name)
+        if mod is None:
+            problems.append(f"{name}: module gone")
+            continue
+        new = _config_picture(mod)
+        for key in sorted(old.keys() - new.keys()):
+            problems.append(f"{name}.{key}: lost")
+        for key in sorted(new.keys() - old.keys()):
+            problems.append(f"{name}.{key}: gained")
+        for key in sorted(old.keys() & new.keys()):
+            if not _same(old[key], new[key]):
+                problems.append(f"{name}.{key}: {old[key]!r} -> {new[key]!r}")
+    return problems
+
+
+_AT_START: dict[str, dict[str, Any]] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # Import the config modules tests may touch, so the picture covers them.
+    import torch._functorch.config  # noqa: F401
+    import torch._inductor.config  # noqa: F401
+
+    _AT_START.update({name: _config_picture(mod) for name, mod in _config_modules().items()})
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    problems = config_changes(_AT_START)
+    if problems:
+        print("\nconfig hygiene: torch config modules differ from the start of the run:", file=sys.stderr)
+        for line in problems:
+            print(f"  {line}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -21,9 +21,8 @@ def mul3(x):
 @pytest.fixture
 def aot_only():
     """The fallback alone: Dynamo does not record, AOTAutograd plans and replays."""
-    dynamo_ext.config.dynamo_layer = False
-    yield
-    dynamo_ext.config.dynamo_layer = True
+    with dynamo_ext.config.patch(dynamo_layer=False):
+        yield
 
 
 CASES = [
@@ -70,8 +69,7 @@ def test_each_write_applied_exactly_once_in_both_modes():
     eager_sets = sorted(S.CountingSets.sets)
     assert eager_sets == ["cache", "tag"]
     for layer in (True, False):
-        dynamo_ext.config.dynamo_layer = layer
-        try:
+        with dynamo_ext.config.patch(dynamo_layer=layer):
             torch._dynamo.reset()
             x = run()
             with residual_writes() as frames:
@@ -79,8 +77,6 @@ def test_each_write_applied_exactly_once_in_both_modes():
             assert sorted(S.CountingSets.sets) == eager_sets, f"dynamo_layer={layer}"
             # Recorded in Dynamo: residual STORE_ATTRs; otherwise the AOT epilogue sets them.
             assert sorted(frames[0].stores) == (eager_sets if layer else [])
-        finally:
-            dynamo_ext.config.dynamo_layer = True
 
 
 # ----------------------------------------------------------------- entry points without Dynamo

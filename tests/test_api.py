@@ -42,7 +42,7 @@ def test_enabled_context_restores_previous_state():
 def test_unsupported_torch_fails_at_enable_naming_found_and_needed(monkeypatch):
     dynamo_ext.disable()
     monkeypatch.setattr(_compat, "IS_SUPPORTED_TORCH", False)
-    monkeypatch.setattr(_compat.torch, "__version__", "2.99.0")
+    monkeypatch.setattr(_compat, "TORCH_VERSION", "2.99.0")  # dynamo_ext's own module, not torch
     with pytest.raises(RuntimeError, match=r"found torch 2\.99\.0") as info:
         dynamo_ext.enable()
     assert "2.13" in str(info.value)

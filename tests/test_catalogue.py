@@ -227,9 +227,8 @@ def test_write_in_unbreakable_hop_body_is_refused(body, backend, fullgraph):
 
 @pytest.fixture(params=["both_layers", "aot_only"])
 def layers(request):
-    dynamo_ext.config.dynamo_layer = request.param == "both_layers"
-    yield request.param
-    dynamo_ext.config.dynamo_layer = True
+    with dynamo_ext.config.patch(dynamo_layer=request.param == "both_layers"):
+        yield request.param
 
 
 def _backward_program(x, y):
@@ -310,8 +309,7 @@ AOT_ONLY_VALUE_REFUSALS = [
 @pytest.mark.parametrize("case", AOT_ONLY_VALUE_REFUSALS, ids=[c[0] for c in AOT_ONLY_VALUE_REFUSALS])
 def test_value_refusals_in_aot_layer_alone(case):
     _, cls, attrs, body, kind, attr = case
-    dynamo_ext.config.dynamo_layer = False
-    try:
+    with dynamo_ext.config.patch(dynamo_layer=False):
         (x,) = _make(cls, attrs)()
         before = picture(x)
         with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
@@ -319,20 +317,15 @@ def test_value_refusals_in_aot_layer_alone(case):
         assert isinstance(info.value.inner_exception, SubclassWriteError)
         assert_refusal(info.value, kind, cls, attr)
         assert_untouched(x, before)
-    finally:
-        dynamo_ext.config.dynamo_layer = True
 
 
 # A tensor attribute outside the ctx reaches AOTAutograd's instances through a seed_attr
 # graph node during the pass; it counts as entry state, so deleting it is seen and refused.
 def test_deleted_tensor_attribute_aot_layer_alone():
-    dynamo_ext.config.dynamo_layer = False
-    try:
+    with dynamo_ext.config.patch(dynamo_layer=False):
         make = lambda: [S.DeleteWriter(torch.arange(4.0) + 1, cache=torch.ones(4))]  # noqa: E731
         kind = _eager_or_refused(_program(mul3), make, "aot_eager")
         assert kind is RefusalKind.DELETED_ATTRIBUTE
-    finally:
-        dynamo_ext.config.dynamo_layer = True
 
 
 # --------------------------------------------------------------------------- values that depend on the tracing pass
@@ -375,12 +368,9 @@ def test_functional_tensor_probe_matches_eager_with_both_layers(backend):
 
 def test_functional_tensor_probe_aot_layer_alone():
     # The AOT layer compares its passes with what fake propagation wrote, even unrecorded.
-    dynamo_ext.config.dynamo_layer = False
-    try:
+    with dynamo_ext.config.patch(dynamo_layer=False):
         kind = _eager_or_refused(_program(mul3), _make(C.FunctionalProbe, dict), "aot_eager")
         assert kind is RefusalKind.INCONSISTENT_PASSES
-    finally:
-        dynamo_ext.config.dynamo_layer = True
 
 
 @pytest.mark.parametrize(

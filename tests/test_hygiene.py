@@ -29,8 +29,12 @@ def test_enable_disable_interleaved_with_compiles():
 
 
 @pytest.mark.parametrize("policy", ["silent", "info", "warn", "error"])
-def test_side_effect_replay_policy_is_honoured(policy, monkeypatch):
-    monkeypatch.setattr(torch._dynamo.config, "side_effect_replay_policy", policy)
+def test_side_effect_replay_policy_is_honoured(policy):
+    with torch._dynamo.config.patch(side_effect_replay_policy=policy):
+        _check_replay_policy(policy)
+
+
+def _check_replay_policy(policy):
     x = S.CounterTensor(torch.arange(4.0))
     compiled = torch.compile(mul3, backend="aot_eager", fullgraph=True)
     if policy == "error":
