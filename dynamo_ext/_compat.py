@@ -27,7 +27,7 @@ def check_supported() -> None:
     """Raise one clear error when the installed torch is not the supported line."""
     if not IS_SUPPORTED_TORCH:
         raise RuntimeError(
-            f"dynamo_ext supports torch {SUPPORTED_TORCH}.x; found torch {torch.__version__}. "
+            f"dynamo_ext supports torch {SUPPORTED_TORCH}.x; found torch {TORCH_VERSION}. "
             f"Install torch=={SUPPORTED_TORCH}.0 (pip install 'torch=={SUPPORTED_TORCH}.0') "
             "or a dynamo_ext release built for your torch."
         )
