@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, Iterable
+
+from .values import MISSING as _MISSING
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,3 +85,133 @@ class PatchSet:
         while self._originals:
             patch, owner, original = self._originals.pop()
             setattr(owner, patch.attr, original)
+
+
+# --------------------------------------------------------------------------- #
+# Trace-scoped hooks on classes (tensor subclasses, registered state classes)
+# --------------------------------------------------------------------------- #
+
+
+class _HookHandle:
+    def __init__(self, registry: "ClassHooks", classes: list[type]) -> None:
+        self._registry = registry
+        self._classes = classes
+
+    def remove(self) -> None:
+        classes, self._classes = self._classes, []
+        self._registry._release(classes)
+
+
+class ClassHooks:
+    """Attribute hooks put on classes while a trace runs, and taken off after.
+
+    Every hook goes through ``install`` (reference-counted per class, so nested and
+    concurrent traces share one set) and comes off when its handle is removed, or
+    all at once with ``remove_all()`` (``dynamo_ext.disable()``).  ``original`` gives
+    what a class defines itself, ignoring the hooks, so code that walks the MRO never
+    mistakes a hook for the user's method.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._count: dict[type, int] = {}
+        self._saved: dict[type, dict[str, Any]] = {}  # class -> name -> its own value (or MISSING)
+
+    def original(self, klass: type, name: str) -> Any:
+        saved = self._saved.get(klass)
+        if saved is not None and name in saved:
+            return saved[name]
+        return klass.__dict__.get(name, _MISSING)
+
+    def _base(self, cls: type) -> Callable[[str], Any]:
+        def base(name: str) -> Any:
+            for klass in cls.__mro__:
+                value = self.original(klass, name)
+                if value is not _MISSING:
+                    return value
+            raise AttributeError(name)
+
+        return base
+
+    def install(self, classes: Iterable[type], make_hooks: Callable[[type, Callable[[str], Any]], dict[str, Any]]) -> _HookHandle:
+        """Hook every class in ``classes`` (subclasses before their bases do not matter:
+        each hook wraps the class's own original behaviour)."""
+        taken: list[type] = []
+        with self._lock:
+            for cls in classes:
+                if cls.__module__ == "builtins":
+                    continue
+                if self._count.get(cls, 0) == 0:
+                    hooks = make_hooks(cls, self._base(cls))
+                    self._saved[cls] = {name: cls.__dict__.get(name, _MISSING) for name in hooks}
+                    for name, hook in hooks.items():
+                        setattr(cls, name, hook)
+                self._count[cls] = self._count.get(cls, 0) + 1
+                taken.append(cls)
+        return _HookHandle(self, taken)
+
+    def _release(self, classes: list[type]) -> None:
+        with self._lock:
+            for cls in classes:
+                self._count[cls] -= 1
+                if self._count[cls] == 0:
+                    self._uninstall(cls)
+
+    def _uninstall(self, cls: type) -> None:
+        del self._count[cls]
+        for name, value in self._saved.pop(cls).items():
+            if value is _MISSING:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, value)
+
+    def remove_all(self) -> None:
+        with self._lock:
+            for cls in list(self._count):
+                self._uninstall(cls)
+
+    def hooked(self) -> list[type]:
+        with self._lock:
+            return list(self._count)
+
+
+#: The one registry of class hooks (``dynamo_ext.disable()`` removes them all).
+CLASS_HOOKS = ClassHooks()
+
+
+class CodeMarks:
+    """Code objects marked to run eagerly (never compiled by Dynamo), undone by ``disable()``.
+
+    A dispatch write or read that is refused becomes a graph break: the op then runs
+    eagerly in the user's frame, and its ``__torch_dispatch__`` frame must not be
+    compiled on its own (it would meet the same state problem under a stock error).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._codes: set[Any] = set()
+
+    def run_eagerly(self, code: Any) -> None:
+        from torch._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+        with self._lock:
+            set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+            self._codes.add(code)
+
+    def release_all(self) -> None:
+        from torch._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+        with self._lock:
+            while self._codes:
+                code = self._codes.pop()
+                set_code_exec_strategy(code, FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT))
+
+    def marked(self) -> set[Any]:
+        with self._lock:
+            return set(self._codes)
+
+
+#: The one registry of code marks.
+CODE_MARKS = CodeMarks()

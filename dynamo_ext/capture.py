@@ -1,244 +1,498 @@
-"""Capture of attribute writes: snapshot, diff, restore.
+"""Capture: every attribute read and write a trace makes on the objects it can reach.
 
-This is the compile-time half shared by both layers.  Around one traced op (the
-Dynamo layer) or one AOTAutograd tracing pass (the AOT layer), an instance's
-``__dict__`` is snapshotted, the writes made meanwhile are read off as
-``AttributeWrite`` records, and the instance can be put back exactly as it was,
-so the next tracing pass starts from the entry state (pytorch #130028, problem 1).
+Compile time, shared by both layers.  While a ``Scope`` is active (Dynamo's fake
+propagation of one op, one AOTAutograd tracing pass), attribute access on the
+objects it tracks goes through class-level hooks (``__getattribute__``,
+``__setattr__``, ``__delattr__``; ``__init__`` on registered state classes),
+installed for the duration and undone after (see ``_patches.ClassHooks``):
 
-It also decides which written values can be replayed exactly after a compiled
-call (``classify_value``).
+- every assignment or deletion is recorded, in order, whatever it compares equal
+  to (the last one wins when replayed);
+- every read of state (an instance ``__dict__`` entry, a class-level default, an
+  attribute the instance lacks) on a traced instance that stands for a real object
+  is answered by the layer's ``Answerer`` as eager would answer it on the real
+  object; the Dynamo layer guards what it answered (See Note [Reads are answered
+  from the real object]);
+- writes that bypass attribute syntax (``obj.__dict__[k] = v``, a user
+  ``__setattr__`` storing on the side) are caught when the scope settles, by
+  identity against what the recorded events left, and so are in-place changes of
+  containers handed to the trace.
+
+``restore()`` puts every tracked object back as it was when tracking began, so
+the next tracing pass starts from the entry state and no trace-time value reaches
+a real object (pytorch #130028, problem 1).
+
+Note [Reads are answered from the real object]
+    A traced instance is rebuilt by ``__tensor_unflatten__`` from the flatten ctx:
+    attributes outside the ctx are missing, or hold whatever ``__new__``/``__init__``
+    /unflatten set as defaults; an attribute named like a ``torch.Tensor`` method
+    resolves to the method.  Dispatch reading any of these would take another branch
+    than in eager (a counter restarting from its default replays the same value
+    forever).  So a read of state is answered from the real object, the way eager
+    would resolve it there (instance dict, then class attribute; an attribute found
+    nowhere falls through to the user's own ``__getattr__``, run on the traced
+    instance, whose own reads are answered the same way), and what was answered
+    becomes part of the compiled program's assumptions: the Dynamo layer guards it
+    (or makes it a symbolic input), and a seed node hands it to AOTAutograd's passes.
+    Inner tensors named by ``__tensor_flatten__`` are the traced instance's own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
-import enum
-from typing import Any
+import os
+import sys
+import threading
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from .errors import RefusalKind
+from . import _patches
+from .values import MISSING, PLAIN_MUTABLE, TORCH_INTERNAL_ATTRS, contains_tensor, user_state
 
+_local = threading.local()
 
-class _Missing:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<missing>"
+_get_dict = object.__getattribute__
 
 
-#: Stands for "the attribute is absent" on either side of a write.
-MISSING: Any = _Missing()
-
-# Containers whose in-place mutation a snapshot can detect by value.
-_PLAIN_MUTABLE = (list, dict, set, bytearray)
-
-_SCALAR_CONSTANTS = (
-    int,
-    float,
-    complex,
-    bool,
-    str,
-    bytes,
-    type(None),
-    torch.dtype,
-    torch.device,
-    torch.layout,
-    torch.memory_format,
-    enum.Enum,
-)
+def obj_dict(obj: Any) -> dict:
+    """``obj.__dict__`` without going through dynamo_ext's attribute hooks."""
+    return _get_dict(obj, "__dict__")
 
 
-@dataclasses.dataclass(frozen=True)
-class AttributeWrite:
-    """One attribute of one instance changed between two snapshots."""
+_TORCH_DIR = os.path.dirname(torch.__file__)
 
+
+def _called_from_torch(depth: int) -> bool:
+    return sys._getframe(depth).f_code.co_filename.startswith(_TORCH_DIR)
+
+
+def current() -> "Scope | None":
+    """The scope active on this thread, if any."""
+    return getattr(_local, "scope", None)
+
+
+# --------------------------------------------------------------------------- #
+# Registered state classes (objects reachable from a flatten ctx)
+# --------------------------------------------------------------------------- #
+
+_REGISTERED: set[type] = set()
+
+
+def register_ctx_state(cls: type) -> type:
+    """Declare that instances of ``cls`` hold state that dispatch mutates and that is
+    reachable from a flatten ctx (shared by reference with every unflattened
+    instance). Usable as a class decorator."""
+    _REGISTERED.add(cls)
+    return cls
+
+
+def registered_classes() -> frozenset[type]:
+    return frozenset(_REGISTERED)
+
+
+def is_registered(obj: Any) -> bool:
+    return type(obj) in _REGISTERED
+
+
+#: A path from a tensor to an object: ("attr", name) and ("item", index) steps.
+Path = tuple[tuple[str, Any], ...]
+
+
+def find_state(root: Any, max_depth: int = 5, from_value: bool = False) -> Iterator[tuple[Path, Any]]:
+    """Registered state objects reachable from ``root``'s attributes (through plain
+    objects, dataclasses, tuples and lists), with the path that reaches each.
+    ``from_value``: start at ``root`` itself (a ctx) rather than at its attributes."""
+    if not _REGISTERED:
+        return
+    seen: set[int] = set()
+
+    def walk(value: Any, path: Path, depth: int) -> Iterator[tuple[Path, Any]]:
+        if id(value) in seen or isinstance(value, (torch.Tensor, type)) or callable(value):
+            return
+        seen.add(id(value))
+        if type(value) in _REGISTERED:
+            yield path, value
+        elif depth < max_depth:
+            if isinstance(value, (tuple, list)):
+                for i, v in enumerate(value):
+                    yield from walk(v, path + (("item", i),), depth + 1)
+            elif hasattr(value, "__dict__") and not isinstance(value, type(torch)):
+                for k, v in list(vars(value).items()):
+                    yield from walk(v, path + (("attr", k),), depth + 1)
+
+    if from_value:
+        yield from walk(root, (), 0)
+        return
+    for k in _attribute_names(root):
+        if hasattr(root, k):
+            yield from walk(getattr(root, k), (("attr", k),), 1)
+
+
+def _attribute_names(obj: Any) -> list[str]:
+    """``__dict__`` keys and ``__slots__`` (DTensor keeps ``_spec`` in a slot)."""
+    names = list(vars(obj)) if hasattr(obj, "__dict__") else []
+    for klass in type(obj).__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        names += [slots] if isinstance(slots, str) else [n for n in slots if n not in ("__dict__", "__weakref__")]
+    return list(dict.fromkeys(names))
+
+
+def follow(root: Any, path: Path) -> Any:
+    obj = root
+    for kind, key in path:
+        obj = getattr(obj, key) if kind == "attr" else obj[key]
+    return obj
+
+
+# --------------------------------------------------------------------------- #
+# What a scope tracks
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass(eq=False)
+class Write:
+    """One attribute assignment (``value``) or deletion (``MISSING``) on a tracked object."""
+
+    tracked: "Tracked"
     name: str
-    old: Any  # MISSING when the attribute did not exist
-    new: Any  # MISSING when the attribute was deleted
-    in_place: bool = False  # the same container object was mutated
+    value: Any
+    old: Any  # what the attribute held before (MISSING: absent)
+    in_place: bool = False  # an existing container was mutated, not rebound
 
 
-# Values computed by the traced program: compared by identity (== on a SymInt would
-# add a guard), replayed as graph outputs.
-GRAPH_VALUE_TYPES = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
+class Tracked:
+    """One object a scope can reach.
 
+    ``real`` is the object whose state eager would see: the user's tensor for a
+    traced graph input, the object itself for a registered state object shared with
+    eager by reference, None for an object made by the trace (an intermediate).
+    ``data`` belongs to the layer (the Dynamo layer keeps the variable and source).
+    """
 
-def _same_value(old: Any, new: Any) -> bool:
-    if old is new:
-        return True
-    if isinstance(old, GRAPH_VALUE_TYPES) or isinstance(new, GRAPH_VALUE_TYPES):
-        return False
-    if type(old) is not type(new):
-        return False
-    try:
-        return bool(old == new)
-    except Exception:
-        return False
+    __slots__ = (
+        "obj", "real", "data", "flatten_names", "entry", "entry_containers", "expected",
+        "containers", "settled", "absent", "written", "dict_complete",
+    )
 
-
-def _contains_tensor(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return any(_contains_tensor(v) for v in value)
-    if isinstance(value, dict):
-        return any(_contains_tensor(v) for v in value.values())
-    return False
-
-
-# Attributes torch's C++ caches on the Python object of a subclass with custom sizes or
-# strides (NestedTensor): a capsule and its length, written and read by torch itself
-# (torch/csrc/PyInterpreter.cpp). Not the subclass's state: never diffed, answered,
-# seeded or restored; copying the length without the capsule aborts the process.
-TORCH_INTERNAL_ATTRS = frozenset(
-    name + suffix
-    for name in ("_sizes_capsule", "_strides_capsule", "_sym_sizes_capsule", "_sym_strides_capsule")
-    for suffix in ("", "_len")
-)
-
-
-def user_state(d: dict) -> dict:
-    """``d`` (an instance ``__dict__``) without torch's own cache entries."""
-    if TORCH_INTERNAL_ATTRS.isdisjoint(d):
-        return d
-    return {k: v for k, v in d.items() if k not in TORCH_INTERNAL_ATTRS}
-
-
-class InstanceSnapshot:
-    """The ``__dict__`` of one instance at one moment."""
-
-    __slots__ = ("obj", "entries", "_deep")
-
-    def __init__(self, obj: Any) -> None:
+    def __init__(self, obj: Any, real: Any, data: Any = None) -> None:
         self.obj = obj
-        self.entries = dict(user_state(obj.__dict__))
-        # Plain containers can be mutated in place without rebinding the
-        # attribute; keep a copy of their contents so that is not missed.
-        self._deep = {
-            k: copy.deepcopy(v)
-            for k, v in self.entries.items()
-            if isinstance(v, _PLAIN_MUTABLE) and not _contains_tensor(v)
+        self.real = real
+        self.data = data
+        self.flatten_names: frozenset[str] = frozenset(_flatten_names(real if real is not None else obj))
+        self.entry = dict(user_state(obj_dict(obj)))
+        self.entry_containers = {
+            k: copy.deepcopy(v) for k, v in self.entry.items() if isinstance(v, PLAIN_MUTABLE) and not contains_tensor(v)
         }
+        self.expected = dict(self.entry)  # what __dict__ holds after the recorded events
+        self.containers: dict[str, tuple[Any, Any]] = {}  # name -> (container handed out, its contents then)
+        self.settled: set[str] = set()  # names whose reads need no answer any more
+        self.absent: set[str] = set()  # names answered "absent"
+        self.written: set[str] = set()
+        self.dict_complete = False
 
-    def note_seeded(self, name: str, value: Any) -> None:
-        """An attribute was copied in from the real input: it is entry state, not a write."""
-        self.entries[name] = value
-        if isinstance(value, _PLAIN_MUTABLE) and not _contains_tensor(value):
-            self._deep[name] = copy.deepcopy(value)
+    @property
+    def shared(self) -> bool:
+        return self.real is self.obj
 
-    def writes(self) -> list[AttributeWrite]:
-        now = user_state(self.obj.__dict__)
-        out = []
-        for name, new in now.items():
-            old = self.entries.get(name, MISSING)
-            if old is new:
-                if name in self._deep and self._deep[name] != new:
-                    out.append(AttributeWrite(name, self._deep[name], new, in_place=True))
-                continue
-            if old is not MISSING and _same_value(old, new):
-                continue
-            out.append(AttributeWrite(name, old, new))
-        for name, old in self.entries.items():
-            if name not in now:
-                out.append(AttributeWrite(name, old, MISSING))
-        return out
+    @property
+    def cls_name(self) -> str:
+        return type(self.obj).__name__
 
-    def restore(self) -> None:
-        d = self.obj.__dict__
-        internal = {k: d[k] for k in TORCH_INTERNAL_ATTRS if k in d}  # torch's, left as they are
-        d.clear()
-        d.update(self.entries)
-        d.update(internal)
-        for name, contents in self._deep.items():
-            # An in-place mutation changed the container itself: put its contents back.
-            container = self.entries[name]
-            if container != contents:
-                if isinstance(container, dict):
-                    container.clear()
-                    container.update(copy.deepcopy(contents))
-                elif isinstance(container, set):
-                    container.clear()
-                    container.update(copy.deepcopy(contents))
-                else:
-                    container[:] = copy.deepcopy(contents)
+    def set_answer(self, name: str, value: Any) -> None:
+        """The traced object now holds ``value`` as its entry state for ``name``."""
+        d = obj_dict(self.obj)
+        if value is MISSING:
+            d.pop(name, None)
+            self.expected.pop(name, None)
+            self.absent.add(name)
+        else:
+            d[name] = value
+            self.expected[name] = value
+            if isinstance(value, PLAIN_MUTABLE) and not contains_tensor(value):
+                self.containers[name] = (value, copy.deepcopy(value))
+        self.settled.add(name)
 
 
-class ValueKind(enum.Enum):
-    CONSTANT = "constant"  # immutable, rebuilt by the residual bytecode
-    TENSOR = "tensor"
-    SYMBOLIC = "symbolic"  # a SymInt/SymFloat/SymBool (dynamic shapes): a graph output
-    DELETE = "delete"
-    MUTABLE = "mutable"  # a fresh mutable object: eager identity cannot be replayed
-    OPAQUE = "opaque"  # an object the replay cannot rebuild
+def _flatten_names(obj: Any) -> list[str]:
+    flatten = getattr(type(obj), "__tensor_flatten__", None)
+    if flatten is None or not isinstance(obj, torch.Tensor):
+        return []
+    try:
+        names, _ = obj.__tensor_flatten__()
+    except Exception:
+        return []
+    return list(names)
 
 
-def is_immutable_constant(value: Any) -> bool:
-    """Values the residual bytecode can rebuild exactly: immutable and tensor-free."""
-    if isinstance(value, _SCALAR_CONSTANTS):
-        return True
-    if isinstance(value, torch.Size):
-        return True
-    if isinstance(value, (tuple, frozenset)):
-        return all(is_immutable_constant(v) for v in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        params = getattr(type(value), "__dataclass_params__", None)
-        return bool(params is not None and params.frozen) and all(
-            is_immutable_constant(getattr(value, f.name)) for f in dataclasses.fields(value)
-        )
-    return False
+class Answerer(Protocol):
+    def __call__(self, scope: "Scope", tracked: Tracked, name: str) -> Any:
+        """Answer a read of ``name`` on ``tracked.obj`` as eager would on ``tracked.real``:
+        call ``tracked.set_answer`` and return the value, or raise AttributeError."""
 
 
-def classify_value(value: Any) -> ValueKind:
-    if value is MISSING:
-        return ValueKind.DELETE
-    if isinstance(value, torch.Tensor):
-        return ValueKind.TENSOR
-    if isinstance(value, GRAPH_VALUE_TYPES):
-        return ValueKind.SYMBOLIC
-    if is_immutable_constant(value):
-        return ValueKind.CONSTANT
-    if isinstance(value, _PLAIN_MUTABLE) or (
-        dataclasses.is_dataclass(value) and not isinstance(value, type)
-    ):
-        return ValueKind.MUTABLE
-    return ValueKind.OPAQUE
+# How a read of a name is served, decided from the class (cached per class and name).
+_PASS, _STATE = "pass", "state"
 
 
-def refusal_for(write: AttributeWrite) -> tuple[RefusalKind, str] | None:
-    """Why a write cannot be replayed exactly, as ``(kind, value type name)``; None if it can.
-
-    One decision for both layers: the Dynamo layer turns it into a graph break, the
-    AOTAutograd layer into a ``SubclassWriteError``.
-    """
-    if write.in_place:
-        return RefusalKind.IN_PLACE_MUTATION, type(write.new).__name__
-    kind = classify_value(write.new)
-    if kind is ValueKind.DELETE:
-        return RefusalKind.DELETED_ATTRIBUTE, type(write.old).__name__
-    if kind is ValueKind.MUTABLE:
-        return RefusalKind.MUTABLE_VALUE, type(write.new).__name__
-    if kind is ValueKind.OPAQUE:
-        return RefusalKind.OPAQUE_VALUE, type(write.new).__name__
-    return None
+def _is_data_descriptor(value: Any) -> bool:
+    t = type(value)
+    return hasattr(t, "__set__") or hasattr(t, "__delete__")
 
 
-def seed_copy(value: Any) -> Any:
-    """The copy of a real input's non-tensor attribute that a traced instance gets.
-
-    Immutable constants are shared; plain containers of constants are deep-copied
-    so a trace cannot mutate the real input.  Anything else returns ``MISSING``:
-    it cannot be carried into a trace.
-    """
-    if is_immutable_constant(value):
-        return value
-    if isinstance(value, _PLAIN_MUTABLE) and not _contains_tensor(value):
-        return copy.deepcopy(value)
+def class_attribute(cls: type, name: str) -> Any:
+    """``name`` as found on ``cls``'s MRO (ignoring dynamo_ext's own hooks), or MISSING."""
+    for klass in cls.__mro__:
+        value = _patches.CLASS_HOOKS.original(klass, name)
+        if value is not MISSING:
+            return value
     return MISSING
 
 
-def is_watched_type(value: Any) -> bool:
-    return is_traceable_wrapper_subclass(value)
+def _where(t: Tracked, name: str) -> str:
+    if name in t.flatten_names or name in TORCH_INTERNAL_ATTRS:
+        return _PASS  # inner tensors are the traced instance's own; torch's caches its own
+    cls_attr = class_attribute(type(t.obj), name)
+    if cls_attr is not MISSING and _is_data_descriptor(cls_attr):
+        return _PASS  # properties and tensor metadata: their code reads through the hooks
+    if name in obj_dict(t.obj) or (t.real is not None and name in obj_dict(t.real)):
+        return _STATE
+    if cls_attr is MISSING:
+        return _STATE  # absent from the standard lookup
+    if callable(cls_attr) or isinstance(cls_attr, (classmethod, staticmethod)):
+        return _PASS  # a method
+    return _STATE  # a class-level default
+
+
+# --------------------------------------------------------------------------- #
+# The scope
+# --------------------------------------------------------------------------- #
+
+
+class Scope:
+    """Tracked objects and the writes made on them, for one trace."""
+
+    def __init__(self, answer: Answerer | None = None, label: str = "trace") -> None:
+        self.answer = answer
+        self.label = label
+        self.tracked: dict[int, Tracked] = {}
+        self.events: list[Write] = []
+        self.thread = threading.get_ident()
+        self._settled_upto = 0
+        self.constructing: set[int] = set()  # registered objects inside their __init__
+
+    # -- tracking -----------------------------------------------------------
+
+    def track(self, obj: Any, real: Any, data: Any = None) -> Tracked:
+        t = self.tracked.get(id(obj))
+        if t is None or t.obj is not obj:
+            t = Tracked(obj, real, data)
+            self.tracked[id(obj)] = t
+        elif data is not None and t.data is None:
+            t.data = data
+        return t
+
+    def lookup(self, obj: Any) -> Tracked | None:
+        t = self.tracked.get(id(obj))
+        return t if t is not None and t.obj is obj else None
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator["Scope"]:
+        """Interpose on the tracked objects' attribute access for the block (this thread)."""
+        previous = current()
+        classes = {type(t.obj) for t in self.tracked.values()} | set(_REGISTERED)
+        handle = _patches.CLASS_HOOKS.install(classes, _make_hooks)
+        _local.scope = self
+        try:
+            yield self
+        finally:
+            _local.scope = previous
+            handle.remove()
+
+    # -- what the hooks call ------------------------------------------------
+
+    def read(self, t: Tracked, name: str, get: Callable[[Any, str], Any]) -> Any:
+        if name == "__dict__":
+            # User code reading __dict__ itself sees every entry eager would find there.
+            if (
+                t.real is not None and not t.shared and not t.dict_complete and self.answer is not None
+                and not _called_from_torch(3)
+            ):
+                self._answer_all(t)
+            return get(t.obj, name)
+        if t.real is None or self.answer is None or name in t.settled or name[:2] == "__":
+            return get(t.obj, name)
+        if name in t.absent:
+            raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
+        if _where(t, name) is _PASS:
+            t.settled.add(name)
+            return get(t.obj, name)
+        return self.answer(self, t, name)
+
+    def _answer_all(self, t: Tracked) -> None:
+        """Code read ``__dict__`` itself: answer every entry eager would find there."""
+        names = set(user_state(obj_dict(t.real))) | set(user_state(obj_dict(t.obj)))
+        for name in sorted(names - t.settled - t.absent - t.flatten_names):
+            try:
+                self.answer(self, t, name)  # type: ignore[misc]
+            except AttributeError:
+                pass
+        t.dict_complete = True
+
+    def write(self, t: Tracked, name: str, value: Any) -> None:
+        old = obj_dict(t.obj).get(name, MISSING)
+        self.events.append(Write(t, name, value, old))
+        t.written.add(name)
+        t.settled.add(name)
+        t.absent.discard(name)
+        t.expected[name] = value
+        t.containers.pop(name, None)
+
+    def delete(self, t: Tracked, name: str) -> None:
+        old = obj_dict(t.obj).get(name, MISSING)
+        self.events.append(Write(t, name, MISSING, old))
+        t.written.add(name)
+        t.settled.add(name)
+        t.absent.add(name)
+        t.expected.pop(name, None)
+        t.containers.pop(name, None)
+
+    # -- after the traced code ran -----------------------------------------
+
+    def settle(self) -> list[Write]:
+        """Catch what attribute syntax did not show, and return the writes made since
+        the last call, in order."""
+        for t in list(self.tracked.values()):
+            actual = user_state(obj_dict(t.obj))
+            for name, value in actual.items():
+                if t.expected.get(name, MISSING) is not value:
+                    self.events.append(Write(t, name, value, t.expected.get(name, MISSING)))
+                    t.expected[name] = value
+                    t.written.add(name)
+                    t.settled.add(name)
+            for name in [n for n in t.expected if n not in actual]:
+                self.events.append(Write(t, name, MISSING, t.expected.pop(name)))
+                t.written.add(name)
+            for name, (container, contents) in list(t.containers.items()):
+                if actual.get(name) is container and _changed(container, contents):
+                    self.events.append(Write(t, name, container, contents, in_place=True))
+                    t.containers[name] = (container, copy.deepcopy(container))
+            for name, contents in t.entry_containers.items():
+                container = t.entry.get(name)
+                if name not in t.containers and actual.get(name) is container and _changed(container, contents):
+                    self.events.append(Write(t, name, container, contents, in_place=True))
+        new = self.events[self._settled_upto :]
+        self._settled_upto = len(self.events)
+        return new
+
+    def restore(self) -> None:
+        """Put every tracked object back as it was when tracking began."""
+        for t in reversed(list(self.tracked.values())):
+            d = obj_dict(t.obj)
+            internal = {k: d[k] for k in TORCH_INTERNAL_ATTRS if k in d}  # torch's, left as they are
+            d.clear()
+            d.update(t.entry)
+            d.update(internal)
+            for name, contents in t.entry_containers.items():
+                container = t.entry[name]
+                if _changed(container, contents):
+                    _refill(container, contents)
+
+    def net_writes(self, events: list[Write] | None = None) -> list[Write]:
+        """The last write of each (object, attribute), in the order of first writes."""
+        last: dict[tuple[int, str], Write] = {}
+        for w in self.events if events is None else events:
+            key = (id(w.tracked.obj), w.name)
+            first = last.pop(key, None)
+            old = first.old if first is not None else w.old
+            last[key] = dataclasses.replace(w, old=old, in_place=w.in_place or (first is not None and first.in_place))
+        return list(last.values())
+
+
+def _changed(container: Any, contents: Any) -> bool:
+    try:
+        return bool(container != contents)
+    except Exception:
+        return True
+
+
+def _refill(container: Any, contents: Any) -> None:
+    if isinstance(container, (dict, set)):
+        container.clear()
+        container.update(copy.deepcopy(contents))
+    else:
+        container[:] = copy.deepcopy(contents)
+
+
+# --------------------------------------------------------------------------- #
+# The class hooks
+# --------------------------------------------------------------------------- #
+
+
+def _tracked_here(obj: Any) -> tuple[Scope | None, Tracked | None]:
+    scope = getattr(_local, "scope", None)
+    if scope is None:
+        return None, None
+    t = scope.tracked.get(id(obj))
+    if t is None or t.obj is not obj:
+        if type(obj) in _REGISTERED:
+            return scope, None
+        return None, None
+    return scope, t
+
+
+def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
+    """The hooks for ``cls``; ``base(name)`` gives the implementation they wrap."""
+    get_ = base("__getattribute__")
+    set_ = base("__setattr__")
+    del_ = base("__delattr__")
+
+    def __getattribute__(obj: Any, name: str) -> Any:
+        scope, t = _tracked_here(obj)
+        if t is None:
+            return get_(obj, name)
+        return scope.read(t, name, get_)  # type: ignore[union-attr]
+
+    def __setattr__(obj: Any, name: str, value: Any) -> None:
+        scope, t = _tracked_here(obj)
+        if scope is not None and name not in TORCH_INTERNAL_ATTRS and id(obj) not in scope.constructing:
+            if t is None:  # a registered state object the trace reached through a ctx
+                t = scope.track(obj, obj)
+            scope.write(t, name, value)
+        set_(obj, name, value)
+
+    def __delattr__(obj: Any, name: str) -> None:
+        scope, t = _tracked_here(obj)
+        if scope is not None and name not in TORCH_INTERNAL_ATTRS:
+            if t is None:
+                t = scope.track(obj, obj)
+            scope.delete(t, name)
+        del_(obj, name)
+
+    hooks: dict[str, Any] = {
+        "__getattribute__": __getattribute__,
+        "__setattr__": __setattr__,
+        "__delattr__": __delattr__,
+    }
+    if cls in _REGISTERED:
+        init_ = base("__init__")
+
+        def __init__(obj: Any, *args: Any, **kwargs: Any) -> None:
+            scope = getattr(_local, "scope", None)
+            if scope is None or type(obj) is not cls:
+                init_(obj, *args, **kwargs)
+                return
+            # Built during the trace: what __init__ leaves is its state "before" (not
+            # writes); it stands for itself (the trace may hand it to eager, in an
+            # output's ctx).
+            scope.constructing.add(id(obj))
+            try:
+                init_(obj, *args, **kwargs)
+            finally:
+                scope.constructing.discard(id(obj))
+            scope.track(obj, obj)
+
+        hooks["__init__"] = __init__
+    return hooks

@@ -1,28 +1,33 @@
-"""Dynamo layer: make Dynamo record the writes ``__torch_dispatch__`` makes.
+"""Dynamo layer: Dynamo sees the reads and writes ``__torch_dispatch__`` makes.
 
-Compile-time half of the primary path (see ../README.md, "How it works"):
+Compile-time half of the primary path; the run-time half is Dynamo's own residual
+bytecode (nothing of ours runs per call).  Upstream request: pytorch #130028.
 
-1. Around Dynamo's fake propagation of each op (``_get_fake_value_impl``), every
-   traceable wrapper subclass *graph input* among the op's arguments is watched:
-   its fake example value is snapshotted, reads of attributes the fake lacks are
-   answered from the real input (and guarded), and after the op the writes are
-   read off the fake.
-2. Each write is recorded with Dynamo's own ``SideEffects.store_attr`` right
-   after the op, so later user code in the frame reads the new value and Dynamo's
-   residual bytecode replays it after the graph (``STORE_ATTR``), exactly like a
-   user-level ``x.attr = v``.  A new tensor value is read off the traced input by
-   an FX node (``read_attr``), which makes it a graph output.
-3. Before the graph is compiled (``OutputGraph.compile_subgraph``) the fake
-   example values are restored to their entry state, so guards, shape-guard
-   production and AOTAutograd never see trace-time state.
-
-The run-time half is Dynamo's residual bytecode itself; nothing of ours runs per
-call.  Upstream request: pytorch #130028.
+1. Around Dynamo's fake propagation of each op (``_get_fake_value_impl``), the
+   objects the op can reach are tracked in the frame's capture scope: subclass graph
+   inputs (and parameters Dynamo installs as ``get_attr``), subclasses nested in their
+   flatten lists, registered state objects reachable from them, and subclass
+   intermediates of the graph.
+2. Reads of state are answered from the real object and become assumptions of the
+   compiled code (See Note [Reads are answered from the real object] in capture.py):
+   ints, floats and bools go through Dynamo's own ``VariableBuilder`` on the
+   attribute's source, so they are guarded, or become symbolic inputs when Dynamo's
+   automatic dynamic shapes says so; other constants are guarded by value; tensors
+   become graph inputs.  A ``seed_attr`` node hands graph values to AOTAutograd's passes.
+3. Each write is recorded with Dynamo's ``SideEffects.store_attr`` right after the
+   op, so later user code reads the new value and the residual bytecode replays it
+   after the graph (``STORE_ATTR``), exactly like a user-level ``x.attr = v``.  A
+   tensor or symbolic value is read off the traced object by a ``read_attr`` node,
+   which makes it a graph output.
+4. Before the graph is compiled (``OutputGraph.compile_subgraph``) every tracked
+   object is restored to its entry state, so guards, shape-guard production and
+   AOTAutograd never see trace-time state; what was recorded is handed to the
+   AOTAutograd layer (``handoff.DynamoRecord``).
 """
 
 from __future__ import annotations
 
-import enum
+import dataclasses
 import functools
 import logging
 from typing import Any, Callable, NoReturn
@@ -30,81 +35,37 @@ from typing import Any, Callable, NoReturn
 import torch
 import torch.fx
 
-from . import aot_layer, config, ctx_state
-from .capture import (
-    MISSING,
-    AttributeWrite,
-    TORCH_INTERNAL_ATTRS,
-    InstanceSnapshot,
-    ValueKind,
-    _same_value,
-    classify_value,
-    is_watched_type,
-    refusal_for,
-    seed_copy,
-    user_state,
-)
-from .ctx_state import Journal
+from . import capture, config, handoff
+from .capture import Scope, Tracked, Write
 from .errors import RefusalKind, refuse
+from .values import (
+    GRAPH_VALUE,
+    MISSING,
+    PLAIN_MUTABLE,
+    ValueKind,
+    classify,
+    contains_tensor,
+    is_code_object,
+    is_immutable_constant,
+    refusal_for,
+    trace_copy,
+)
 
 log = logging.getLogger(__name__)
 
 _STATE_KEY = "_dynamo_ext_frame_state"
 
 
-# --------------------------------------------------------------------------- #
-# FX targets.  They run (a) during AOTAutograd's traces, on AOT's own instances,
-# and (b) at run time with backend="eager", on the real inputs.
-# --------------------------------------------------------------------------- #
+@dataclasses.dataclass
+class Ref:
+    """Where the Dynamo layer finds a tracked object: its variable (for ``store_attr``),
+    its source (for guards and replay), and the graph node plus path that reach it
+    (for ``seed_attr`` / ``read_attr`` nodes)."""
 
-
-def read_attr(obj: Any, name: str) -> Any:
-    """Graph node for a tensor written into ``obj.name`` by ``__torch_dispatch__``."""
-    return getattr(obj, name)
-
-
-def seed_attr(obj: Any, name: str, value: Any) -> None:
-    """Give a traced instance an attribute its real input has and dispatch reads.
-
-    The attribute lies outside ``__tensor_flatten__``, so AOTAutograd's instances
-    (rebuilt by ``__tensor_unflatten__``) do not carry it; this node hands it to
-    them before the op that reads it: a tensor as a graph input, a constant as the
-    (guarded) value Dynamo traced with.  On real inputs the attribute is already
-    there and this is a no-op.  Being an unknown call target, the node also keeps
-    AOTAutogradCache from reusing a graph traced under other attribute values.
-    """
-    if name not in obj.__dict__:
-        obj.__dict__[name] = value if isinstance(value, torch.Tensor) else seed_copy(value)
-        aot_layer.seeded(obj, name)
-
-
-def seed_ctx_state(obj: Any, path: tuple, name: str, value: Any) -> None:
-    """Hand the state object reachable from ``obj`` at ``path`` its tensor ``name`` as a
-    graph input (a mask held by DTensor's MaskBuffer, say). Traces see the traced
-    value; at run time it is the value the object already holds."""
-    setattr(ctx_state.follow(obj, path), name, value)
-
-
-# Constants FX cannot print as literals are passed to the graph by key.
-_SEED_VALUES: dict[int, Any] = {}
-
-
-def seed_attr_by_key(obj: Any, name: str, key: int) -> None:
-    seed_attr(obj, name, _SEED_VALUES[key])
-
-
-def _insert_seed(node: torch.fx.Node, w: "_Watched", name: str, value: Any) -> None:
-    from torch._dynamo.variables import ConstantVariable
-
-    target: Callable[..., None]
-    if isinstance(value, torch.fx.Node) or ConstantVariable.is_literal(value):
-        target, arg = seed_attr, value
-    else:
-        target, arg = seed_attr_by_key, len(_SEED_VALUES)
-        _SEED_VALUES[arg] = seed_copy(value)
-    with node.graph.inserting_before(node):
-        seed = node.graph.call_function(target, (w.vt.as_proxy().node, name, arg))
-    seed.meta["example_value"] = None
+    vt: Any
+    source: Any
+    node: torch.fx.Node
+    path: capture.Path = ()
 
 
 # --------------------------------------------------------------------------- #
@@ -112,43 +73,14 @@ def _insert_seed(node: torch.fx.Node, w: "_Watched", name: str, value: Any) -> N
 # --------------------------------------------------------------------------- #
 
 
-class _Watched:
-    """A subclass seen as an op argument: a graph input (``real`` is the user's tensor),
-    or an intermediate of the graph (``real`` is None: it only exists in the trace)."""
-
-    __slots__ = ("fake", "vt", "real", "source")
-
-    def __init__(self, fake: Any, vt: Any, is_input: bool) -> None:
-        self.fake = fake
-        self.vt = vt
-        self.real = vt.as_proxy().node.meta["grapharg"].example if is_input else None
-        self.source = vt.source
-
-    @property
-    def is_input(self) -> bool:
-        return self.real is not None
-
-    @property
-    def cls_name(self) -> str:
-        return type(self.fake).__name__
-
-
 class FrameState:
-    """What dynamo_ext changed while tracing one frame, so it can be undone."""
+    """The frame's capture scope and what the Dynamo layer did with it."""
 
-    def __init__(self) -> None:
-        # Entry state of every fake example value we let dispatch write on.
-        self.originals: dict[int, InstanceSnapshot] = {}
-        self.guarded_reads: set[tuple[int, str]] = set()
-        # Writes recorded with SideEffects, per real input: the AOT layer leaves them alone.
-        # name -> the constant recorded (the last write wins), or GRAPH_VALUE.
-        self.recorded: dict[int, tuple[Any, dict[str, Any]]] = {}
-        # The same, with the Dynamo layer off: seen in fake propagation, not recorded.
-        self.observed: dict[int, dict[str, Any]] = {}
-        # Writes on objects reachable from a ctx (ctx_state): isolation only; dispatch
-        # replays them at run time with backend="eager", the AOT layer otherwise.
-        self.journal = Journal()
-        self.lifted: set[tuple[int, str]] = set()  # (id(state object), attribute) made graph inputs
+    def __init__(self, tx: Any) -> None:
+        self.tx = tx
+        self.scope = Scope(answer=self._answer, label="dynamo")
+        self.record = handoff.DynamoRecord()
+        self._node: torch.fx.Node | None = None  # the op being propagated
         self._by_fake: dict[int, Any] = {}
         self._inputs_seen: set[Any] = set()
         self._by_fake_new: dict[int, Any] = {}
@@ -166,188 +98,310 @@ class FrameState:
         seen.update(k for k, _ in new)
         return new[::-1]
 
-    def input_for_fake(self, output: Any, fake: Any) -> Any:
+    def input_vt(self, fake: Any) -> Any:
         from torch._dynamo.variables import TensorVariable
 
-        for _, vt in self._new_items(output.input_source_to_var, self._inputs_seen):
+        for _, vt in self._new_items(self.tx.output.input_source_to_var, self._inputs_seen):
             if isinstance(vt, TensorVariable):
                 ev = vt.proxy.node.meta.get("example_value")
-                if ev is not None and "grapharg" in vt.proxy.node.meta:
-                    self._by_fake[id(ev)] = vt
+                if ev is not None:
+                    self._by_fake.setdefault(id(ev), vt)
         return self._by_fake.get(id(fake))
 
-    def intermediates(self, output: Any) -> dict[int, Any]:
-        """``id(fake example value) -> variable`` of the tensors the graph computed."""
+    def intermediate_vt(self, fake: Any) -> Any:
+        """The variable of a tensor the graph computed, if Dynamo tracks it for attribute
+        writes (``handle_traced_output`` tracks new tensors as ``AttributeMutationNew``)."""
         from torch._dynamo.variables import TensorVariable
 
-        side_effects = output.side_effects
+        side_effects = self.tx.output.side_effects
         for _, vt in self._new_items(side_effects.id_to_variable, self._tracked_seen):
             if isinstance(vt, TensorVariable) and side_effects.is_attribute_mutation(vt) and vt.source is None:
                 ev = vt.proxy.node.meta.get("example_value")
                 if ev is not None:
                     self._by_fake_new[id(ev)] = vt
-        return self._by_fake_new
+        return self._by_fake_new.get(id(fake))
 
-    def remember(self, fake: Any) -> None:
-        if id(fake) not in self.originals:
-            self.originals[id(fake)] = InstanceSnapshot(fake)
+    def close(self) -> None:
+        self.scope.restore()
 
-    def restore_all(self) -> None:
-        for snap in self.originals.values():
-            snap.restore()
-        self.journal.undo()
-        self.journal.close()
+    # -- tracking -----------------------------------------------------------
+
+    def track_arg(self, node: torch.fx.Node) -> Tracked | None:
+        """Track the subclass (or parameter) an argument node stands for."""
+        fake = node.meta.get("example_value")
+        t = self.scope.lookup(fake)
+        if t is not None:
+            return t
+        output = self.tx.output
+        if node.op == "get_attr":  # a parameter/buffer Dynamo installed as a graph attribute
+            real = output.nn_modules.get(node.target)
+            source = (output.param_name_to_source or {}).get(node.target)
+            if real is None or source is None:
+                return None
+            vt = output.side_effects.id_to_variable.get(id(real))
+            return self._track_real(fake, real, Ref(vt, source, node))
+        vt = self.input_vt(fake)
+        if vt is not None and vt.source is not None and "grapharg" in vt.proxy.node.meta:
+            real = vt.proxy.node.meta["grapharg"].example
+            return self._track_real(fake, real, Ref(vt, vt.source, vt.proxy.node))
+        vt = self.intermediate_vt(fake)
+        if vt is not None:
+            return self.scope.track(fake, None, Ref(vt, None, vt.proxy.node))
+        return None
+
+    def _track_real(self, fake: Any, real: Any, ref: Ref) -> Tracked:
+        """Track a traced object standing for ``real``, with what it reaches: subclasses
+        nested in its flatten list, registered state objects reachable from it."""
+        from torch._dynamo.source import AttrSource, GetItemSource
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+        t = self.scope.track(fake, real, ref)
+        for name in t.flatten_names:
+            inner_fake, inner_real = getattr(fake, name, None), getattr(real, name, None)
+            if is_traceable_wrapper_subclass(inner_fake) and is_traceable_wrapper_subclass(inner_real):
+                source = AttrSource(ref.source, name)
+                vt = self.tx.output.input_source_to_var.get(source)
+                self._track_real(inner_fake, inner_real, Ref(vt, source, ref.node, ref.path + (("attr", name),)))
+        for path, obj in capture.find_state(real):
+            if self.scope.lookup(obj) is None:
+                source = ref.source
+                for kind, key in path:
+                    source = AttrSource(source, key) if kind == "attr" else GetItemSource(source, key)
+                self.scope.track(obj, obj, Ref(None, source, ref.node, ref.path + path))
+        return t
+
+    # -- answering reads ----------------------------------------------------
+
+    def _answer(self, scope: Scope, t: Tracked, name: str) -> Any:
+        """See Note [Reads are answered from the real object] (capture.py)."""
+        ref: Ref | None = t.data
+        real = t.real
+        value, origin = _eager_lookup(real, name)
+        if origin == "absent":
+            if ref is not None and ref.source is not None and not t.shared:
+                _guard_absent(ref.source, name)
+            t.set_answer(name, MISSING)
+            raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
+        if ref is None or ref.source is None:  # not reachable from a graph input
+            t.settled.add(name)
+            return value
+        from torch._dynamo.source import AttrSource
+
+        source = AttrSource(ref.source, name)
+        if isinstance(value, torch.Tensor):
+            if t.shared:
+                raise _NeedsSeed(t, name)
+            for inner in t.flatten_names:  # an alias of an inner tensor: the traced one
+                if getattr(real, inner, None) is value:
+                    answer = getattr(t.obj, inner)
+                    t.set_answer(name, answer)
+                    return answer
+            raise _NeedsSeed(t, name)
+        if capture.is_registered(value):
+            _guard(source, "ID_MATCH")
+            t.settled.add(name)
+            if scope.lookup(value) is None:
+                scope.track(value, value, Ref(None, source, ref.node, ref.path + (("attr", name),)))
+            return value
+        if type(value) in (int, float, bool) and not self._in_hop():
+            answer = self._build_scalar(t, ref, name, source, value)
+        elif is_immutable_constant(value):
+            _guard_constant(self.tx, source, value)
+            answer = value
+        elif is_code_object(value):
+            _guard(source, "ID_MATCH")
+            answer = value
+        elif isinstance(value, PLAIN_MUTABLE) and not contains_tensor(value):
+            _guard_constant(self.tx, source, value)
+            answer = trace_copy(value)
+        else:
+            _refuse_read(t, name, value)
+        if t.shared:
+            t.settled.add(name)
+            return value if answer is value else answer
+        t.set_answer(name, answer)
+        return answer
+
+    def _in_hop(self) -> bool:
+        return self.tx.output.current_tracer.parent is not None
+
+    def _build_scalar(self, t: Tracked, ref: Ref, name: str, source: Any, value: Any) -> Any:
+        """An int/float/bool through Dynamo's own VariableBuilder: guarded like a user
+        attribute read, or a symbolic graph input (automatic dynamic, ``mark_dynamic``,
+        ``specialize_int=False``)."""
+        from torch._dynamo.variables import ConstantVariable, SymNodeVariable
+        from torch._dynamo.variables.builder import VariableBuilder
+        from torch._dynamo.variables.lazy import LazyVariableTracker
+
+        vt = LazyVariableTracker.realize_all(VariableBuilder(self.tx, source, allow_lazy_constant=False)(value))
+        if isinstance(vt, ConstantVariable):
+            return value
+        if isinstance(vt, SymNodeVariable):
+            self._insert_seed(ref, name, vt.as_proxy().node)
+            return vt.sym_num
+        # Anything else (an unspecialized float Dynamo carries as a tensor): guard by value.
+        _guard_constant(self.tx, source, value)
+        return value
+
+    def _insert_seed(self, ref: Ref, name: str, value: Any) -> None:
+        assert self._node is not None
+        with self._node.graph.inserting_before(self._node):
+            seed = self._node.graph.call_function(handoff.seed_attr, (ref.node, ref.path, name, value))
+        seed.meta["example_value"] = None
+
+    def seed_tensor(self, t: Tracked, name: str) -> None:
+        """Make the real object's tensor ``name`` a graph input and hand it to the traced object."""
+        from torch._dynamo.source import AttrSource
+        from torch._dynamo.variables.builder import VariableBuilder
+        from torch._dynamo.variables.lazy import LazyVariableTracker
+
+        ref: Ref = t.data
+        value, _ = _eager_lookup(t.real, name)
+        if self._in_hop():
+            _refuse_read(t, name, value, "tensor attribute read inside a higher-order op body")
+        vt = LazyVariableTracker.realize_all(VariableBuilder(self.tx, AttrSource(ref.source, name))(value))
+        proxy = vt.as_proxy()
+        self._insert_seed(ref, name, proxy.node)
+        fake = proxy.node.meta["example_value"]
+        if t.shared:
+            # The object is shared with eager: the fake stands in for the trace and is
+            # put back when the frame is compiled.
+            capture.obj_dict(t.obj)[name] = fake
+            t.settled.add(name)
+        else:
+            t.set_answer(name, fake)
+
+    # -- recording writes ---------------------------------------------------
+
+    def record_writes(self, writes: list[Write]) -> None:
+        tx = self.tx
+        for w in writes:  # refuse before recording anything
+            t: Tracked = w.tracked
+            if t.real is not None and not t.shared and t.data is None:
+                continue
+            bad = refusal_for(w.value, w.old, w.in_place)
+            if bad is not None:
+                _refuse(bad[0], t, w.name, bad[1])
+            if self._in_hop():
+                _refuse(RefusalKind.WRITE_IN_HOP, t, w.name, type(w.value).__name__)
+            if not torch._dynamo.config.replay_side_effects:
+                # torch.export (strict) traces with replay off: the write would be dropped.
+                _refuse(RefusalKind.UNREPLAYABLE_ENTRY, t, w.name, type(w.value).__name__)
+        for w in writes:
+            t = w.tracked
+            ref: Ref | None = t.data
+            if ref is None:
+                continue  # an object made by the trace, not reachable from the graph
+            kind = classify(w.value)
+            marker = w.value if kind is ValueKind.CONSTANT else GRAPH_VALUE
+            if not config.dynamo_layer:
+                if t.real is not None:
+                    self.record.observed.setdefault(id(t.real), {})[w.name] = marker
+                continue
+            vt = self._target_vt(t, ref)
+            if vt is None:
+                _refuse(
+                    RefusalKind.OPAQUE_VALUE, t, w.name, type(w.value).__name__,
+                    "the object written on has no variable Dynamo can replay a write on",
+                )
+            if kind is ValueKind.CONSTANT:
+                value_vt = _constant_vt(tx, w.value)
+            else:  # a tensor or a symbolic value
+                value_vt = self._graph_value_vt(t, ref, w)
+            where = ref.source.name if ref.source is not None else f"<intermediate {t.cls_name}>"
+            log.debug("write recorded: %s.%s <- %s", where, w.name, type(w.value).__name__)
+            tx.output.side_effects.store_attr(vt, w.name, value_vt)
+            if t.real is not None:
+                self.record.recorded.setdefault(id(t.real), {})[w.name] = marker
+
+    def _target_vt(self, t: Tracked, ref: Ref) -> Any:
+        if ref.vt is None and ref.source is not None:
+            from torch._dynamo.variables.builder import VariableBuilder
+            from torch._dynamo.variables.lazy import LazyVariableTracker
+
+            ref.vt = LazyVariableTracker.realize_all(VariableBuilder(self.tx, ref.source)(t.real))
+        vt = ref.vt
+        if vt is None or not self.tx.output.side_effects.is_attribute_mutation(vt):
+            return None
+        return vt
+
+    def _graph_value_vt(self, t: Tracked, ref: Ref, w: Write) -> Any:
+        """A tensor or symbolic value written by dispatch, as a value the graph returns."""
+        from torch._dynamo.variables.builder import wrap_fx_proxy
+        from torch._subclasses.fake_tensor import is_fake
+
+        value = w.value
+        same = self.input_vt(value) or self.intermediate_vt(value)
+        if same is not None:
+            # An alias of a graph input or of a value the graph computed: the residual
+            # bytecode loads it from where it lives, keeping identity.
+            return same
+        if isinstance(value, torch.Tensor) and not is_fake(value) and not _is_fake_subclass(value):
+            _refuse(
+                RefusalKind.OPAQUE_VALUE, t, w.name,
+                f"{type(value).__name__} (a real tensor not computed in the traced program)",
+            )
+        proxy = self.tx.output.create_proxy(
+            "call_function", handoff.read_attr, (ref.node.meta.get("_dynamo_ext_proxy") or _proxy_of(self.tx, ref), ref.path, w.name), {}
+        )
+        return wrap_fx_proxy(self.tx, proxy)
 
 
-def frame_state(output: Any) -> FrameState:
+def _proxy_of(tx: Any, ref: Ref) -> Any:
+    if ref.vt is not None and ref.path == ():
+        return ref.vt.as_proxy()
+    return torch.fx.Proxy(ref.node, tx.output.current_tracer)
+
+
+def _is_fake_subclass(value: Any) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(value):
+        return False
+    names, _ = value.__tensor_flatten__()
+    return any(is_fake(getattr(value, n)) or _is_fake_subclass(getattr(value, n)) for n in names)
+
+
+def frame_state(tx: Any) -> FrameState:
+    output = tx.output
     state = output.__dict__.get(_STATE_KEY)
     if state is None:
-        state = FrameState()
+        state = FrameState(tx)
         output.__dict__[_STATE_KEY] = state
-        output.add_cleanup_hook(state.restore_all)
+        output.add_cleanup_hook(state.close)
     return state
 
 
+def _eager_lookup(real: Any, name: str) -> tuple[Any, str]:
+    """``real.name`` as eager's standard lookup finds it: ``(value, "dict" | "class" | "absent")``.
+    An attribute found in neither is left to the user's ``__getattr__``, run on the traced object."""
+    d = capture.obj_dict(real)
+    if name in d:
+        return d[name], "dict"
+    cls_attr = capture.class_attribute(type(real), name)
+    if cls_attr is MISSING or callable(cls_attr):
+        return MISSING, "absent"
+    return cls_attr, "class"
+
+
 # --------------------------------------------------------------------------- #
-# Reads of state the fake lacks
+# Guards
 # --------------------------------------------------------------------------- #
 
 
-class _NeedsTensorSeed(BaseException):
-    """Dispatch read a tensor attribute the fake lacks: seed it, then re-run the op.
+def _guard(source: Any, kind: str, **kwargs: Any) -> None:
+    from torch._dynamo.guards import GuardBuilder, install_guard
 
-    A BaseException so that neither the subclass's own ``except Exception`` nor
-    Dynamo's RuntimeError wrapping swallows it.
-    """
-
-    def __init__(self, watched: _Watched, name: str) -> None:
-        self.watched = watched
-        self.name = name
+    fn = getattr(GuardBuilder, kind)
+    install_guard(source.make_guard(functools.partial(fn, **kwargs) if kwargs else fn))
 
 
-class _RefusedRead(BaseException):
-    def __init__(self, watched: _Watched, name: str, value: Any, direct_dict: bool = False) -> None:
-        self.watched = watched
-        self.name = name
-        self.value = value
-        self.direct_dict = direct_dict
+def _guard_absent(source: Any, name: str) -> None:
+    """Guard that ``name`` is still not in the real object's ``__dict__``."""
+    from torch._dynamo.source import AttrSource
 
-
-class _DirectDictAccess(dict):
-    """The traced instance's ``__dict__`` while the real input has attributes it lacks.
-
-    Attribute syntax (``getattr``, ``hasattr``) reaches ``_ReadLog``'s hook; code
-    that reads ``__dict__`` itself would silently see the trace's partial state
-    instead, so any such read is refused.  Stores through attribute syntax use
-    the C-level dict API and are not affected.
-    """
-
-    def __init__(self, entries: dict, watched: "_Watched", hidden: str) -> None:
-        super().__init__(entries)
-        self._watched = watched
-        self._hidden = hidden
-
-    def plain(self) -> dict:
-        # dict's own C methods: the overrides below would refuse (and dict(self)
-        # goes through keys() on a subclass).
-        return {k: dict.__getitem__(self, k) for k in dict.__iter__(self)}
-
-    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise _RefusedRead(self._watched, self._hidden, self._watched.real.__dict__[self._hidden], direct_dict=True)
-
-    __getitem__ = __contains__ = __iter__ = __len__ = _refuse
-    get = pop = setdefault = keys = items = values = copy = popitem = _refuse
-
-
-class _ReadLog:
-    """Answers reads of attributes the fake example values lack, from the real inputs.
-
-    Traceable subclasses rebuild fakes with ``__tensor_unflatten__``, which only
-    restores the flatten ctx; an attribute outside it (a call counter, a cache)
-    would be missing and dispatch would take another branch than in eager.  A
-    ``__getattr__`` is put on the subclass for the duration of one op; it only
-    sees attributes that normal lookup did not find.
-    """
-
-    def __init__(self, watched: list[_Watched], snaps: list[InstanceSnapshot]) -> None:
-        # Intermediates need no answers: dispatch made them, in the trace as in eager.
-        self._by_id = {id(w.fake): (w, s) for w, s in zip(watched, snaps) if w.is_input}
-        self.present: list[tuple[_Watched, str, Any]] = []
-        self.absent: list[tuple[_Watched, str]] = []
-        self._classes = {type(w.fake) for w in watched}
-        self._previous: dict[type, Any] = {}
-
-    def __enter__(self) -> "_ReadLog":
-        for cls in self._classes:
-            self._previous[cls] = cls.__dict__.get("__getattr__", MISSING)
-            cls.__getattr__ = self._make_hook(cls)  # type: ignore[attr-defined]
-        for w, _ in self._by_id.values():  # graph inputs only
-            hidden = user_state(w.real.__dict__).keys() - w.fake.__dict__.keys()
-            if hidden:
-                w.fake.__dict__ = _DirectDictAccess(w.fake.__dict__, w, sorted(hidden)[0])
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for w, _ in self._by_id.values():
-            if type(w.fake.__dict__) is _DirectDictAccess:
-                w.fake.__dict__ = w.fake.__dict__.plain()
-        for cls, prev in self._previous.items():
-            if prev is MISSING:
-                del cls.__getattr__  # type: ignore[attr-defined]
-            else:
-                cls.__getattr__ = prev  # type: ignore[attr-defined]
-        self._previous.clear()
-
-    def _make_hook(self, cls: type) -> Callable[[Any, str], Any]:
-        prev = self._previous[cls]
-        log_ = self
-
-        def __getattr__(obj: Any, name: str) -> Any:
-            entry = log_._by_id.get(id(obj))
-            if entry is None or name.startswith("__") or name in TORCH_INTERNAL_ATTRS:
-                if prev is not MISSING:
-                    return prev(obj, name)
-                base = getattr(super(cls, obj), "__getattr__", None)
-                if base is not None:
-                    return base(name)
-                raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
-            return log_._answer(entry[0], entry[1], name)
-
-        return __getattr__
-
-    def _answer(self, w: _Watched, snap: InstanceSnapshot, name: str) -> Any:
-        real_dict = w.real.__dict__
-        if name not in real_dict:
-            self.absent.append((w, name))
-            raise AttributeError(f"{w.cls_name!r} object has no attribute {name!r}")
-        value = real_dict[name]
-        if isinstance(value, torch.Tensor):
-            raise _NeedsTensorSeed(w, name)
-        seeded = seed_copy(value)
-        if seeded is MISSING:
-            raise _RefusedRead(w, name, value)
-        w.fake.__dict__[name] = seeded
-        snap.note_seeded(name, seeded)
-        self.present.append((w, name, value))
-        return seeded
-
-    def finish(self, tx: Any, state: FrameState, node: torch.fx.Node) -> None:
-        """Guard the compiled code on every real-input attribute dispatch looked at,
-        and seed the constants it read into the graph before ``node``."""
-        from torch._dynamo.guards import GuardBuilder, install_guard
-        from torch._dynamo.source import AttrSource
-
-        for w, name, value in self.present:
-            if (id(w.fake), name) in state.guarded_reads:
-                continue
-            state.guarded_reads.add((id(w.fake), name))
-            _guard_constant(tx, AttrSource(w.source, name), value)
-            _insert_seed(node, w, name, value)
-        for w, name in self.absent:
-            if (id(w.fake), name) in state.guarded_reads:
-                continue
-            state.guarded_reads.add((id(w.fake), name))
-            install_guard(w.source.make_guard(functools.partial(GuardBuilder.HASATTR, attr=name)))
+    _guard(AttrSource(source, "__dict__"), "DICT_NOT_CONTAINS", key=name)
 
 
 # Values Dynamo's EQUALS_MATCH guard accepts (guards.py, GuardBuilder.EQUALS_MATCH).
@@ -358,20 +412,16 @@ _EQUALS_GUARDABLE = (
 
 
 def _guard_constant(tx: Any, source: Any, value: Any) -> None:
-    """Guard that the real attribute still equals the constant the trace used.
+    """Guard that the real attribute still equals the constant the trace used."""
+    import enum
 
-    Literal floats must be guarded by value: through VariableBuilder a float that
-    changed between calls would become a dynamic SymFloat, i.e. a graph input the
-    traced dispatch never sees.
-    """
-    from torch._dynamo.guards import GuardBuilder, install_guard
     from torch._dynamo.variables.builder import VariableBuilder
     from torch._dynamo.variables.lazy import LazyVariableTracker
 
     if type(value) in _EQUALS_GUARDABLE and not _holds_unguardable(value):
-        install_guard(source.make_guard(GuardBuilder.EQUALS_MATCH))
+        _guard(source, "EQUALS_MATCH")
     elif isinstance(value, enum.Enum):
-        install_guard(source.make_guard(GuardBuilder.ID_MATCH))
+        _guard(source, "ID_MATCH")
     else:
         LazyVariableTracker.realize_all(VariableBuilder(tx, source)(value))
 
@@ -383,90 +433,58 @@ def _holds_unguardable(value: Any) -> bool:
     return False
 
 
-def _seed_tensor(tx: Any, node: torch.fx.Node, w: _Watched, name: str) -> None:
-    """Make ``real.name`` a graph input and hand it to the traced instance before ``node``."""
-    from torch._dynamo.source import AttrSource
-    from torch._dynamo.variables.builder import VariableBuilder
-    from torch._dynamo.variables.lazy import LazyVariableTracker
-
-    if tx.output.current_tracer.parent is not None:
-        _refuse_read(w, name, w.real.__dict__[name], "tensor attribute read inside a higher-order op body")
-    vt = VariableBuilder(tx, AttrSource(w.source, name))(w.real.__dict__[name])
-    vt = LazyVariableTracker.realize_all(vt)
-    proxy = vt.as_proxy()
-    _insert_seed(node, w, name, proxy.node)
-    w.fake.__dict__[name] = proxy.node.meta["example_value"]
+# --------------------------------------------------------------------------- #
+# Refusals
+# --------------------------------------------------------------------------- #
 
 
-def _lift_ctx_state(tx: Any, node: torch.fx.Node, w: _Watched, state: FrameState) -> None:
-    """Tensors held by state objects reachable from the input's ctx become graph inputs.
+class _NeedsSeed(BaseException):
+    """Dispatch read a tensor the traced object lacks: make it a graph input, re-run the op.
 
-    They are real tensors shared by reference with the fake input (the ctx is not
-    copied by fakification), which fake propagation cannot use (pytorch: "Please
-    convert all Tensors to FakeTensors first"), and AOTAutograd must see them as
-    inputs, not trace-time constants. The fake takes the graph input's fake value
-    (journaled, so undone before the graph is compiled); a ``seed_ctx_state`` node
-    before ``node`` hands AOTAutograd's passes the traced value.
+    A BaseException so that neither the subclass's own ``except Exception`` nor
+    Dynamo's RuntimeError wrapping swallows it.
     """
-    from torch._dynamo.source import AttrSource, GetItemSource
-    from torch._dynamo.variables.builder import VariableBuilder
-    from torch._dynamo.variables.lazy import LazyVariableTracker
 
-    for path, obj in ctx_state.find_state(w.real):
-        for name, value in list(vars(obj).items()):
-            if not isinstance(value, torch.Tensor) or (id(obj), name) in state.lifted:
-                continue
-            state.lifted.add((id(obj), name))
-            source = w.source
-            for kind, key in path:
-                source = AttrSource(source, key) if kind == "attr" else GetItemSource(source, key)
-            vt = LazyVariableTracker.realize_all(VariableBuilder(tx, AttrSource(source, name))(value))
-            proxy = vt.as_proxy()
-            with node.graph.inserting_before(node):
-                seed = node.graph.call_function(seed_ctx_state, (w.vt.as_proxy().node, path, name, proxy.node))
-            seed.meta["example_value"] = None
-            setattr(obj, name, proxy.node.meta["example_value"])
+    def __init__(self, tracked: Tracked, name: str) -> None:
+        self.tracked = tracked
+        self.name = name
 
 
-def _refuse(kind: RefusalKind, w: _Watched, attr: str, value_type: str, context: str = "") -> NoReturn:
-    """Refuse a write or read on ``w`` (a graph break, or an error under fullgraph=True).
+class _Refused(BaseException):
+    """A refusal raised inside fake propagation; re-raised as a graph break outside it."""
 
-    After the graph break the op runs eagerly from the user's frame, and Dynamo
-    would try to compile the subclass's ``__torch_dispatch__`` frame itself (and
-    the functions it calls), on the real input, where the same state problem
-    comes back under a stock error.  Dispatch frames are run eagerly instead,
-    recursively, which is what the graph break means.
+    def __init__(self, kind: RefusalKind, t: Tracked, attr: str, value_type: str, context: str = "") -> None:
+        self.args_ = (kind, t, attr, value_type, context)
+
+
+def _refuse(kind: RefusalKind, t: Tracked, attr: str, value_type: str, context: str = "") -> NoReturn:
+    raise _Refused(kind, t, attr, value_type, context)
+
+
+def _refuse_read(t: Tracked, name: str, value: Any, context: str = "") -> NoReturn:
+    _refuse(RefusalKind.UNSUPPORTED_STATE_READ, t, name, type(value).__name__, context)
+
+
+def _graph_break(kind: RefusalKind, t: Tracked, attr: str, value_type: str, context: str) -> NoReturn:
+    """Refuse a write or read (a graph break, or an error under fullgraph=True).
+
+    After the graph break the op runs eagerly from the user's frame, and Dynamo would
+    try to compile the subclass's ``__torch_dispatch__`` frame itself (and the
+    functions it calls), on the real input, where the same state problem comes back
+    under a stock error.  Dispatch frames are run eagerly instead, recursively, which
+    is what the graph break means (a code mark ``disable()`` undoes).
     """
-    from torch._dynamo.eval_frame import set_code_exec_strategy
-    from torch._dynamo.types import FrameAction, FrameExecStrategy
+    from . import _patches
 
-    dispatch = getattr(type(w.fake).__torch_dispatch__, "__func__", None)
+    dispatch = getattr(type(t.obj).__torch_dispatch__, "__func__", None)
     code = getattr(dispatch, "__code__", None)
     if code is not None:
-        set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
-        _EAGER_DISPATCH_CODES.add(code)
-    refuse(kind, w.cls_name, attr, value_type, context)
-
-
-_EAGER_DISPATCH_CODES: set[Any] = set()
-
-
-def release_dispatch_frames() -> None:
-    """Undo ``_refuse``'s run-eagerly marks (``dynamo_ext.disable()`` calls this)."""
-    from torch._dynamo.eval_frame import set_code_exec_strategy
-    from torch._dynamo.types import FrameAction, FrameExecStrategy
-
-    while _EAGER_DISPATCH_CODES:
-        code = _EAGER_DISPATCH_CODES.pop()
-        set_code_exec_strategy(code, FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT))
-
-
-def _refuse_read(w: _Watched, name: str, value: Any, context: str = "") -> NoReturn:
-    _refuse(RefusalKind.UNSUPPORTED_STATE_READ, w, name, type(value).__name__, context)
+        _patches.CODE_MARKS.run_eagerly(code)
+    refuse(kind, t.cls_name, attr, value_type, context)
 
 
 # --------------------------------------------------------------------------- #
-# Recording writes with Dynamo's SideEffects
+# Recording helpers
 # --------------------------------------------------------------------------- #
 
 
@@ -489,129 +507,19 @@ def _constant_vt(tx: Any, value: Any) -> Any:
     return VariableBuilder(tx, GlobalSource(name))(value)
 
 
-def _graph_value_vt(tx: Any, state: FrameState, w: _Watched, write: AttributeWrite) -> Any:
-    """A tensor or symbolic size written by dispatch, as a value the graph returns."""
-    from torch._dynamo.variables.builder import wrap_fx_proxy
-    from torch._subclasses.fake_tensor import is_fake
-
-    value = write.new
-    same = state.input_for_fake(tx.output, value) or _intermediate_vt(tx, value)
-    if same is not None:
-        # An alias of a graph input (the input itself, one of its inner tensors):
-        # the residual bytecode loads it from its source, keeping identity.
-        return same
-    if isinstance(value, torch.Tensor) and not is_fake(value):
-        _refuse(
-            RefusalKind.OPAQUE_VALUE,
-            w,
-            write.name,
-            f"{type(value).__name__} (a real tensor not computed in the traced program)",
-        )
-    proxy = tx.output.create_proxy("call_function", read_attr, (w.vt.as_proxy(), write.name), {})
-    return wrap_fx_proxy(tx, proxy)
-
-
-def _round_trip_mismatch(w: _Watched, entry: dict[str, Any]) -> tuple[str, Any, Any] | None:
-    """An attribute of the real input that the traced instance, as unflatten built it,
-    does not hold: ``(name, traced value, input value)``. A value the fake lacks is
-    normally answered from the input on read (``_ReadLog``), unless a class-level
-    default answers first; a constant the fake holds must be the input's."""
-    cls = type(w.fake)
-    for name, real_value in user_state(vars(w.real)).items():
-        traced = entry.get(name, MISSING)
-        if traced is MISSING:
-            if not hasattr(cls, name):
-                continue  # read through to the input
-            traced = getattr(cls, name)
-            if isinstance(real_value, torch.Tensor) or not _same_value(traced, real_value):
-                return name, traced, real_value
-        elif (
-            not isinstance(real_value, torch.Tensor)
-            and classify_value(real_value) is ValueKind.CONSTANT
-            and classify_value(traced) is ValueKind.CONSTANT
-            and not _same_value(traced, real_value)
-        ):
-            return name, traced, real_value
-    return None
-
-
-def _record(tx: Any, state: FrameState, w: _Watched, writes: list[AttributeWrite]) -> None:
-    if w.is_input and id(w.fake) in state.originals:
-        bad = _round_trip_mismatch(w, state.originals[id(w.fake)].entries)
-        if bad is not None:
-            name, traced, real = bad
-            _refuse(
-                RefusalKind.FLATTEN_ROUND_TRIP,
-                w,
-                name,
-                type(real).__name__,
-                f"traced instance has {name}={traced!r}, the input has {name}={real!r}; "
-                f"writes on it: {', '.join(wr.name for wr in writes)}",
-            )
-    if tx.output.current_tracer.parent is not None:
-        wr = writes[0]
-        _refuse(RefusalKind.WRITE_IN_HOP, w, wr.name, type(wr.new).__name__)
-    if not torch._dynamo.config.replay_side_effects:
-        # torch.export (strict) traces with replay off: the write would be dropped.
-        wr = writes[0]
-        _refuse(RefusalKind.UNREPLAYABLE_ENTRY, w, wr.name, type(wr.new).__name__)
-    for wr in writes:  # refuse before recording anything
-        bad = refusal_for(wr)
-        if bad is not None:
-            _refuse(bad[0], w, wr.name, bad[1])
-    for wr in writes:
-        if classify_value(wr.new) is ValueKind.CONSTANT:
-            value_vt = _constant_vt(tx, wr.new)
-        else:  # a tensor or a symbolic size
-            value_vt = _graph_value_vt(tx, state, w, wr)
-        where = w.source.name if w.source is not None else f"<intermediate {w.cls_name}>"
-        log.debug("write recorded: %s.%s <- %s", where, wr.name, type(wr.new).__name__)
-        tx.output.side_effects.store_attr(w.vt, wr.name, value_vt)
-        if w.is_input:
-            recorded = wr.new if classify_value(wr.new) is ValueKind.CONSTANT else aot_layer.GRAPH_VALUE
-            state.recorded.setdefault(id(w.real), (w.real, {}))[1][wr.name] = recorded
-
-
 # --------------------------------------------------------------------------- #
 # The two hooks
 # --------------------------------------------------------------------------- #
 
 
-def _intermediate_vt(tx: Any, fake: Any) -> Any:
-    """The variable of a tensor the graph computed, if Dynamo tracks it for attribute
-    writes (``handle_traced_output`` tracks new tensors as ``AttributeMutationNew``,
-    keyed by their proxy)."""
-    return frame_state(tx.output).intermediates(tx.output).get(id(fake))
+def _subclass_arg_nodes(node: torch.fx.Node) -> list[torch.fx.Node]:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-
-def _watched_args(node: torch.fx.Node, tx: Any, state: FrameState) -> list[_Watched]:
-    watched: list[_Watched] = []
-    seen: set[int] = set()
+    found: list[torch.fx.Node] = []
 
     def visit(arg: torch.fx.Node) -> torch.fx.Node:
-        ev = arg.meta.get("example_value")
-        if ev is not None and id(ev) not in seen and is_watched_type(ev):
-            seen.add(id(ev))
-            vt = state.input_for_fake(tx.output, ev)
-            if vt is not None and vt.source is not None:
-                watched.append(_Watched(ev, vt, is_input=True))
-            else:
-                vt = _intermediate_vt(tx, ev)
-                if vt is not None:
-                    watched.append(_Watched(ev, vt, is_input=False))
-        return arg
-
-    torch.fx.node.map_arg((node.args, node.kwargs), visit)
-    return watched
-
-
-def _has_subclass_arg(node: torch.fx.Node) -> bool:
-    found = False
-
-    def visit(arg: torch.fx.Node) -> torch.fx.Node:
-        nonlocal found
-        if not found and is_watched_type(arg.meta.get("example_value")):
-            found = True
+        if arg not in found and is_traceable_wrapper_subclass(arg.meta.get("example_value")):
+            found.append(arg)
         return arg
 
     torch.fx.node.map_arg((node.args, node.kwargs), visit)
@@ -623,82 +531,115 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def _get_fake_value_impl(node: torch.fx.Node, tx: Any, allow_non_graph_fake: bool = False) -> Any:
-        if node.op == "placeholder" or not _has_subclass_arg(node):
+        if node.op == "placeholder" or "example_value" in node.meta:
+            return original(node, tx, allow_non_graph_fake)  # nothing runs
+        args = _subclass_arg_nodes(node)
+        if not args:
             return original(node, tx, allow_non_graph_fake)
-        if "example_value" in node.meta:  # original returns the cached value, runs nothing
+        state = frame_state(tx)
+        tracked = [t for t in (state.track_arg(a) for a in args) if t is not None]
+        if not tracked:
             return original(node, tx, allow_non_graph_fake)
-        state = frame_state(tx.output)
-        state.journal.open()  # writes on ctx objects (MaskBuffer): undone before compiling
-        watched = _watched_args(node, tx, state)
-        if not watched:
-            return original(node, tx, allow_non_graph_fake)
-        for w in watched:
-            if w.is_input:  # intermediates exist only in this trace: nothing to restore
-                if id(w.fake) not in state.originals:
-                    _lift_ctx_state(tx, node, w, state)
-                state.remember(w.fake)
-        while True:
-            snaps = [InstanceSnapshot(w.fake) for w in watched]
-            reads = _ReadLog(watched, snaps)
-            attempt = Journal().open()  # an aborted attempt must not leave ctx-state writes
-            try:
-                with reads:
-                    result = original(node, tx, allow_non_graph_fake)
-            except _NeedsTensorSeed as need:
-                attempt.undo()
-                for s in snaps:
-                    s.restore()
-                _seed_tensor(tx, node, need.watched, need.name)
-                continue
-            except _RefusedRead as bad:
-                attempt.undo()
-                for s in snaps:
-                    s.restore()
-                if bad.direct_dict:
-                    _refuse_read(
-                        bad.watched,
-                        bad.name,
-                        bad.value,
-                        "__torch_dispatch__ read the instance __dict__ directly while the input has "
-                        f"attributes outside __tensor_flatten__ (e.g. {bad.name!r}); use getattr/hasattr",
-                    )
-                _refuse_read(bad.watched, bad.name, bad.value)
-            except BaseException:
-                attempt.undo()
-                for s in snaps:
-                    s.restore()
-                raise
-            finally:
-                attempt.close()
-            break
-        reads.finish(tx, state, node)
-        for w, snap in zip(watched, snaps):
-            writes = snap.writes()
-            if not writes:
-                continue
-            if config.dynamo_layer:
-                _record(tx, state, w, writes)
-            elif w.is_input:  # AOT layer alone: what fake propagation wrote, for its check
-                seen = state.observed.setdefault(id(w.real), {})
-                for wr in writes:
-                    seen[wr.name] = wr.new if classify_value(wr.new) is ValueKind.CONSTANT else aot_layer.GRAPH_VALUE
-        return result
+        return _propagate(state, node, tx, original, allow_non_graph_fake)
 
     return _get_fake_value_impl
 
 
+def _propagate(state: FrameState, node: torch.fx.Node, tx: Any, original: Callable[..., Any], allow: bool) -> Any:
+    scope = state.scope
+    state._node = node
+    try:
+        while True:
+            checkpoint = _Checkpoint(scope)
+            try:
+                with scope.active():
+                    result = original(node, tx, allow)
+                writes = scope.settle()
+            except _NeedsSeed as need:
+                checkpoint.rollback()
+                state.seed_tensor(need.tracked, need.name)
+                continue
+            except _Refused as bad:
+                checkpoint.rollback()
+                _graph_break(*bad.args_)
+            except BaseException:
+                checkpoint.rollback()
+                raise
+            break
+        try:
+            if writes:
+                state.record_writes(scope.net_writes(writes))
+        except _Refused as bad:
+            _graph_break(*bad.args_)
+        return result
+    finally:
+        state._node = None
+
+
+class _Checkpoint:
+    """The tracked objects' state before an attempt at an op, to go back to if it is
+    abandoned (a tensor to seed first, a refusal, an error)."""
+
+    def __init__(self, scope: Scope) -> None:
+        self.scope = scope
+        self.n_events = len(scope.events)
+        self.n_tracked = len(scope.tracked)
+        self.saved = [
+            (t, dict(capture.obj_dict(t.obj)), dict(t.expected), set(t.settled), set(t.absent), set(t.written), dict(t.containers))
+            for t in scope.tracked.values()
+        ]
+
+    def rollback(self) -> None:
+        scope = self.scope
+        for t, d, expected, settled, absent, written, containers in self.saved:
+            capture.obj_dict(t.obj).clear()
+            capture.obj_dict(t.obj).update(d)
+            t.expected, t.settled, t.absent, t.written, t.containers = expected, settled, absent, written, containers
+        # Objects first tracked during the attempt go back to how they were found.
+        for t in list(scope.tracked.values())[self.n_tracked :]:
+            if t.real is t.obj or t.real is None:
+                capture.obj_dict(t.obj).clear()
+                capture.obj_dict(t.obj).update(t.entry)
+        del scope.events[self.n_events :]
+        scope._settled_upto = min(scope._settled_upto, self.n_events)
+
+
 def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Replacement for ``OutputGraph.compile_subgraph``: restore the fakes first."""
+    """Replacement for ``OutputGraph.compile_subgraph``: restore the traced objects, then
+    compile with what the Dynamo layer recorded handed to the AOTAutograd layer."""
 
     @functools.wraps(original)
     def compile_subgraph(self: Any, *args: Any, **kwargs: Any) -> Any:
-        state = self.__dict__.get(_STATE_KEY)
+        state: FrameState | None = self.__dict__.get(_STATE_KEY)
         if state is None:
             return original(self, *args, **kwargs)
-        state.restore_all()
-        # The backend is called from inside: tell the AOT layer which writes the
-        # residual bytecode already replays, so none is applied twice.
-        with aot_layer.dynamo_handled({k: names for k, (_, names) in state.recorded.items()}, state.observed):
+        state.close()
+        state.record.fullgraph = bool(getattr(self.root_tx, "one_graph", False) or getattr(self.root_tx, "error_on_graph_break", False))
+        with handoff.handing_off(state.record):
             return original(self, *args, **kwargs)
 
     return compile_subgraph
+
+
+def make_guard_deepcopy(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``deepcopy`` as bound in ``torch._dynamo.guards``.
+
+    Guards deep-copy a subclass's ctx (DTensor's spec) to compare later calls with
+    it. A registered state object is shared state, not a value: a copy breaks
+    identity-based equality (``_MaskPartial.__eq__`` compares its MaskBuffer with
+    ``is``), and copying its holder may even drop it (a copied ``_MaskPartial`` has
+    no ``mask_buffer``), so the guard would fail on the very frame that built it.
+    The copy keeps registered objects, and the objects on the way to them, as they are.
+    """
+
+    def deepcopy(x: Any, memo: Any = None, *args: Any) -> Any:
+        if capture.registered_classes():
+            memo = {} if memo is None else memo
+            for path, _ in capture.find_state(x, from_value=True):
+                cur = x
+                for step in path:
+                    cur = capture.follow(cur, (step,))
+                    memo[id(cur)] = cur
+        return original(x, memo, *args)
+
+    return deepcopy

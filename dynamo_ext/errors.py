@@ -1,193 +1,206 @@
-"""Refusals: writes dynamo_ext cannot replay exactly.
+"""Refusals: reads and writes dynamo_ext cannot carry into a compiled program exactly.
 
-A refusal is raised through Dynamo's own graph-break mechanism
-(``torch._dynamo.exc.unimplemented``), so that under ``fullgraph=True`` the
-user gets an ``Unsupported`` error and under ``fullgraph=False`` Dynamo breaks
-the graph before the op and runs it eagerly (eager semantics, the reason is in
-``torch._dynamo.explain``).  Every refusal has a stable ``kind``; the message
-names the subclass, the attribute, the value type, why, and what to do.
+One record per kind (``REFUSALS``): the stable ``kind`` string (no run-time data,
+usable in tests and docs), what happened and why, what the user can do, which layer
+raises it and as which exception.  Under Dynamo a refusal is a graph break
+(``torch._dynamo.exc.unimplemented``): ``Unsupported`` under ``fullgraph=True``,
+the op or frame run eagerly otherwise, the reason in ``torch._dynamo.explain`` and
+the logs.  Outside Dynamo (AOTAutograd called directly) it is a ``SubclassWriteError``.
+The README's refusal table is checked against these records by a test.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from typing import NoReturn
 
 
 class RefusalKind(str, enum.Enum):
-    #: A fresh mutable object (list, dict, set, non-frozen dataclass) was written.
     MUTABLE_VALUE = "mutable_value"
-    #: An existing container attribute was mutated in place.
     IN_PLACE_MUTATION = "in_place_mutation"
-    #: A value the residual bytecode cannot rebuild (arbitrary object, real tensor).
     OPAQUE_VALUE = "opaque_value"
-    #: The write happened inside a higher-order-op body (cond, checkpoint, ...).
     WRITE_IN_HOP = "write_in_hop"
-    #: Dispatch read an attribute of the real input that cannot be carried into the trace.
     UNSUPPORTED_STATE_READ = "unsupported_state_read"
-    #: An attribute was deleted (``del self.attr``).
     DELETED_ATTRIBUTE = "deleted_attribute"
-    #: A write made while the backward was traced (on an input saved for backward).
     WRITE_IN_BACKWARD = "write_in_backward"
-    #: An AOTAutograd entry point that has no run-time epilogue (export, aot_export_*).
     UNREPLAYABLE_ENTRY = "unreplayable_entry"
-    #: An inner tensor's sizes/strides were changed in place (``self.elem.t_()``).
     INNER_METADATA_MUTATION = "inner_metadata_mutation"
-    #: A directly compiled AOTAutograd function called with state other than it was traced with.
     STALE_PLAN = "stale_plan"
-    #: AOTAutograd's passes disagree with each other or with what Dynamo recorded.
     INCONSISTENT_PASSES = "inconsistent_passes"
-    #: The traced instance does not hold the input's state (flatten/unflatten do not round-trip it).
-    FLATTEN_ROUND_TRIP = "flatten_round_trip"
 
     @property
     def gb_type(self) -> str:
         return f"dynamo_ext: {self.value}"
 
+    @property
+    def record(self) -> "Refusal":
+        return REFUSALS[self]
 
-_WHY = {
-    RefusalKind.MUTABLE_VALUE: (
-        "In eager the attribute then holds a new mutable object that later code may mutate "
-        "or share; the compiled program can only rebuild a copy after the graph, so identity "
-        "and later in-place changes would differ from eager."
-    ),
-    RefusalKind.IN_PLACE_MUTATION: (
-        "An existing container held by the attribute was mutated in place. The compiled "
-        "program replays attribute assignments only; an in-place change to a shared object "
-        "cannot be replayed exactly."
-    ),
-    RefusalKind.OPAQUE_VALUE: (
-        "The compiled program rebuilds written values after the graph. It can rebuild "
-        "immutable constants (numbers, strings, enums, dtypes, devices, tuples and frozen "
-        "dataclasses of these) and tensors computed in the graph, not this value."
-    ),
-    RefusalKind.WRITE_IN_HOP: (
-        "The write happened while tracing the body of a higher-order op (torch.cond, "
-        "activation checkpointing, ...). Such bodies may run a different number of times "
-        "than traced, so a write made there cannot be replayed once after the graph."
-    ),
-    RefusalKind.UNSUPPORTED_STATE_READ: (
-        "__torch_dispatch__ read an attribute of the input that is not part of "
-        "__tensor_flatten__ and whose value cannot be carried into the traced program."
-    ),
-    RefusalKind.DELETED_ATTRIBUTE: (
-        "Dynamo's residual bytecode in torch 2.13 replays attribute deletions only on "
-        "plain Python objects, not on tensor inputs, so the deletion would be lost."
-    ),
-    RefusalKind.WRITE_IN_BACKWARD: (
-        "The write happened in the backward. dynamo_ext replays a backward write when the "
-        "compiled backward runs if its value is a constant and the forward does not write "
-        "the same attribute (the traced backward starts from the state before the forward); "
-        "this one is not such a write."
-    ),
-    RefusalKind.UNREPLAYABLE_ENTRY: (
-        "This AOTAutograd entry point (torch.export, aot_export_*) produces a graph with "
-        "no run-time epilogue, so the write would be silently dropped."
-    ),
-    RefusalKind.INNER_METADATA_MUTATION: (
-        "An inner tensor of the subclass had its sizes or strides changed in place; "
-        "AOTAutograd cannot represent an in-place metadata change of a subclass input "
-        "(stock: 'Metadata mutations are currently not allowed on tensor subclasses')."
-    ),
-    RefusalKind.STALE_PLAN: (
-        "The function was compiled with AOTAutograd directly (no Dynamo, so no guards) "
-        "while the input held another value of this attribute; replaying the traced "
-        "write now would leave a value eager would not."
-    ),
-    RefusalKind.INCONSISTENT_PASSES: (
-        "AOTAutograd traced the function several times and the attribute writes differed "
-        "between passes (or from what Dynamo recorded), so there is no single write to replay."
-    ),
-    RefusalKind.FLATTEN_ROUND_TRIP: (
-        "torch.compile traces the op on an instance rebuilt with __tensor_flatten__ / "
-        "__tensor_unflatten__, and that instance does not hold the input's value of this "
-        "attribute (unflatten drops or resets it, or a class-level default hides it), so "
-        "the traced write was computed from state eager would not see."
-    ),
-}
 
-_HINTS = {
-    RefusalKind.MUTABLE_VALUE: [
-        "Store an immutable value instead (a tuple instead of a list, a frozen dataclass).",
-        "Or list the state in the __tensor_flatten__ ctx as immutable values.",
-    ],
-    RefusalKind.IN_PLACE_MUTATION: [
-        "Assign a new immutable value (self.log = self.log + (item,)) instead of mutating.",
-    ],
-    RefusalKind.OPAQUE_VALUE: [
-        "Write an immutable constant or a tensor computed from the inputs instead.",
-        "A real tensor captured from outside the traced program cannot be replayed: "
-        "compute it inside __torch_dispatch__ or pass it in as an input.",
-    ],
-    RefusalKind.WRITE_IN_HOP: [
-        "Move the op that writes outside the higher-order op's body.",
-        "Or wrap the writing region with torch._dynamo.disable so it runs eagerly.",
-    ],
-    RefusalKind.UNSUPPORTED_STATE_READ: [
-        "Carry the state in __tensor_flatten__ (tensors as inner tensors, constants in ctx).",
-        "Or store an immutable constant or a tensor in that attribute.",
-    ],
-    RefusalKind.DELETED_ATTRIBUTE: [
-        "Reset the attribute to None instead of deleting it.",
-    ],
-    RefusalKind.WRITE_IN_BACKWARD: [
-        "Record a constant in the backward, in an attribute the forward leaves alone.",
-        "Or make the write on the gradient instead of the saved input.",
-    ],
-    RefusalKind.UNREPLAYABLE_ENTRY: [
-        "Use torch.compile, or apply the state change outside the exported program.",
-    ],
-    RefusalKind.INNER_METADATA_MUTATION: [
-        "Assign a new tensor instead (self.elem = self.elem.t() rather than self.elem.t_()): "
-        "dynamo_ext replays that write.",
-    ],
-    RefusalKind.STALE_PLAN: [
-        "Compile again for this state (call aot_function / aot_module_simplified again).",
-        "Or use torch.compile, whose guards recompile when the state changes.",
-    ],
-    RefusalKind.INCONSISTENT_PASSES: [
-        "Make the write depend only on the subclass's flatten state and the op's inputs.",
-    ],
-    RefusalKind.FLATTEN_ROUND_TRIP: [
-        "Make __tensor_unflatten__ restore every ctx entry and inner tensor "
-        "__tensor_flatten__ returns.",
-        "Keep state outside the ctx out of class-level defaults (set it in __init__ or "
-        "read it with getattr(self, name, default)).",
-    ],
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    kind: RefusalKind
+    summary: str  # one line, for the README table
+    why: str  # the explanation in the error
+    hints: tuple[str, ...]
+    layer: str  # "Dynamo", "AOTAutograd" or "both"
+    what: str = "wrote attribute {attr!r} (value of type {value_type}) on a traced object"
+    raised_as: str = "Unsupported (graph break) under Dynamo; SubclassWriteError from AOTAutograd called directly"
+
+
+_READ = "read attribute {attr!r} (value of type {value_type}) of the object a traced instance stands for"
+
+REFUSALS: dict[RefusalKind, Refusal] = {
+    r.kind: r
+    for r in [
+        Refusal(
+            RefusalKind.MUTABLE_VALUE,
+            "A fresh list, dict, set or non-frozen dataclass was written.",
+            "In eager the attribute then holds a new mutable object that later code may mutate "
+            "or share; the compiled program can only rebuild a copy after the graph, so identity "
+            "and later in-place changes would differ from eager.",
+            (
+                "Store an immutable value instead (a tuple instead of a list, a frozen dataclass).",
+                "Or list the state in the __tensor_flatten__ ctx as immutable values.",
+            ),
+            "both",
+        ),
+        Refusal(
+            RefusalKind.IN_PLACE_MUTATION,
+            "A container held by an attribute was mutated in place.",
+            "The compiled program replays attribute assignments only; an in-place change to a "
+            "container cannot be replayed exactly.",
+            ("Assign a new immutable value (self.log = self.log + (item,)) instead of mutating.",),
+            "both",
+        ),
+        Refusal(
+            RefusalKind.OPAQUE_VALUE,
+            "A value the compiled program cannot rebuild was written (an arbitrary object, a real tensor from outside the program).",
+            "The compiled program rebuilds written values after the graph. It can rebuild "
+            "immutable constants (numbers, strings, enums, dtypes, devices, tuples and frozen "
+            "dataclasses of these), tensors and symbolic sizes computed in the graph, not this value.",
+            (
+                "Write an immutable constant or a tensor computed from the inputs instead.",
+                "A real tensor captured from outside the traced program cannot be replayed: "
+                "compute it inside __torch_dispatch__ or pass it in as an input.",
+            ),
+            "both",
+        ),
+        Refusal(
+            RefusalKind.WRITE_IN_HOP,
+            "The write happened inside a higher-order op body (checkpoint, cond, map, ...).",
+            "Such bodies may run a different number of times than traced, so a write made there "
+            "cannot be replayed once after the graph.",
+            (
+                "Move the op that writes outside the higher-order op's body.",
+                "Or wrap the writing region with torch._dynamo.disable so it runs eagerly.",
+            ),
+            "Dynamo",
+        ),
+        Refusal(
+            RefusalKind.UNSUPPORTED_STATE_READ,
+            "Dispatch read state that cannot be carried into the traced program or guarded "
+            "(an arbitrary object, a tensor's _version, a tensor inside a higher-order op body, "
+            "a global or closure object).",
+            "The compiled program can only depend on state it can carry in (tensors as graph "
+            "inputs, constants and symbolic ints it guards on); this value could change without "
+            "the compiled program noticing.",
+            (
+                "Carry the state in __tensor_flatten__ (tensors as inner tensors, constants in ctx).",
+                "Or store an immutable constant, an int or a tensor in that attribute.",
+                "Register shared mutable state objects with dynamo_ext.register_ctx_state.",
+            ),
+            "both",
+            what=_READ,
+        ),
+        Refusal(
+            RefusalKind.DELETED_ATTRIBUTE,
+            "An attribute was deleted (del self.attr).",
+            "Dynamo's residual bytecode replays attribute deletions only on plain Python "
+            "objects, not on tensors, so the deletion would be lost.",
+            ("Reset the attribute to None instead of deleting it.",),
+            "both",
+        ),
+        Refusal(
+            RefusalKind.WRITE_IN_BACKWARD,
+            "A write made in the backward that cannot be replayed when the compiled backward runs.",
+            "dynamo_ext replays a backward write when the compiled backward runs if its value is a "
+            "constant or an int computed from the state the backward read, and the forward does "
+            "not write the same attribute; this one is not such a write.",
+            (
+                "Record a constant or count in the backward, in an attribute the forward leaves alone.",
+                "Or make the write on the gradient instead of the saved input.",
+            ),
+            "AOTAutograd",
+        ),
+        Refusal(
+            RefusalKind.UNREPLAYABLE_ENTRY,
+            "A write under an entry point with no run-time epilogue (torch.export, aot_export_*).",
+            "The exported program has no place to replay the write, so it would be silently dropped.",
+            ("Use torch.compile, or apply the state change outside the exported program.",),
+            "both",
+        ),
+        Refusal(
+            RefusalKind.INNER_METADATA_MUTATION,
+            "An inner tensor's sizes or strides were changed in place (self.elem.t_()).",
+            "AOTAutograd cannot represent an in-place metadata change of a subclass input "
+            "(stock: 'Metadata mutations are currently not allowed on tensor subclasses').",
+            (
+                "Assign a new tensor instead (self.elem = self.elem.t() rather than self.elem.t_()): "
+                "dynamo_ext replays that write.",
+            ),
+            "AOTAutograd",
+        ),
+        Refusal(
+            RefusalKind.STALE_PLAN,
+            "A function compiled with AOTAutograd directly was called with state other than it was traced with.",
+            "Without Dynamo there are no guards; replaying the traced write now would leave a "
+            "value eager would not. (Never raised for torch.compile: Dynamo guards the state.)",
+            (
+                "Compile again for this state (call aot_function / aot_module_simplified again).",
+                "Or use torch.compile, whose guards recompile when the state changes.",
+            ),
+            "AOTAutograd",
+            what=_READ,
+            raised_as="SubclassWriteError at call time (direct AOTAutograd use only)",
+        ),
+        Refusal(
+            RefusalKind.INCONSISTENT_PASSES,
+            "AOTAutograd's tracing passes wrote different values (the value depends on how the op was traced).",
+            "AOTAutograd traced the function several times and the attribute writes differed "
+            "between passes (or from what Dynamo recorded), so there is no single write to replay.",
+            ("Make the write depend only on the subclass's state and the op's inputs, not on the traced tensor types.",),
+            "AOTAutograd",
+        ),
+    ]
 }
 
 
 def explain(kind: RefusalKind, cls_name: str, attr: str, value_type: str) -> str:
-    if kind is RefusalKind.UNSUPPORTED_STATE_READ:
-        what = f"read attribute {attr!r} (value of type {value_type}) of a graph input"
-        cannot = "cannot carry it into the traced program"
-    elif kind is RefusalKind.FLATTEN_ROUND_TRIP:
-        what = f"wrote on a graph input whose attribute {attr!r} (value of type {value_type}) the traced instance does not hold"
-        cannot = "cannot replay its writes exactly"
-    else:
-        what = f"wrote attribute {attr!r} (value of type {value_type}) on a graph input"
-        cannot = "cannot replay it exactly"
-    return f"{cls_name}.__torch_dispatch__ {what}, and dynamo_ext {cannot}. {_WHY[kind]}"
+    record = REFUSALS[kind]
+    what = record.what.format(attr=attr, value_type=value_type)
+    return f"{cls_name}.__torch_dispatch__ {what}, and dynamo_ext cannot carry it exactly. {record.why}"
 
 
 def refuse(kind: RefusalKind, cls_name: str, attr: str, value_type: str, context: str = "") -> NoReturn:
-    """Raise a Dynamo graph break (``Unsupported``) for a write that cannot be replayed."""
+    """Raise a Dynamo graph break (``Unsupported``) naming the kind, class and attribute."""
     from torch._dynamo.exc import unimplemented
 
     unimplemented(
         gb_type=kind.gb_type,
         context=context or f"{cls_name}.{attr} <- {value_type}",
         explanation=explain(kind, cls_name, attr, value_type),
-        hints=list(_HINTS[kind]),
+        hints=list(REFUSALS[kind].hints),
     )
 
 
 class SubclassWriteError(RuntimeError):
-    """A refused write outside Dynamo (AOTAutograd called directly)."""
+    """A refused write or read outside Dynamo's tracing (AOTAutograd, or a run-time check)."""
 
     def __init__(self, kind: RefusalKind, cls_name: str, attr: str, value_type: str, context: str = "") -> None:
         self.kind = kind
-        hints = "\n".join(f"  - {h}" for h in _HINTS[kind])
+        hints = "\n".join(f"  - {h}" for h in REFUSALS[kind].hints)
         msg = f"[{kind.gb_type}] {explain(kind, cls_name, attr, value_type)}\nHints:\n{hints}"
         if context:
             msg += f"\nDeveloper context: {context}"

@@ -10,7 +10,7 @@ from torch._dynamo.backends.common import aot_autograd
 import dynamo_ext
 import subclasses as S
 from dynamo_ext import RefusalKind, SubclassWriteError
-from dynamo_ext.inspect import residual_writes
+from dynamo_ext.introspect import residual_writes
 from harness import assert_same_outputs, assert_same_state, differential
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import dynamo_ext
-from dynamo_ext.capture import MISSING
-from dynamo_ext.ctx_state import Journal
+from dynamo_ext.capture import Scope
+from dynamo_ext.values import MISSING
 from harness import leaked_fakes, stock_torch
 from subclasses import WritingTensor
 
@@ -69,20 +69,23 @@ class Empty:
     pass
 
 
-def test_journal_undo_strips_what_a_trace_added_to_an_existing_object():
-    obj = Empty()  # exists before the journal opens, with nothing in its __dict__
-    with Journal() as j:
+def test_scope_restore_strips_what_a_trace_added_to_an_existing_object():
+    obj = Empty()  # exists before the scope opens, with nothing in its __dict__
+    scope = Scope()
+    with scope.active():
         obj.value = torch.ones(1)
-        assert [(name, old) for _, name, old, _ in j.net_writes()] == [("value", MISSING)]
-        j.undo()
+    assert [(w.name, w.old) for w in scope.net_writes(scope.settle())] == [("value", MISSING)]
+    scope.restore()
     assert vars(obj) == {}
 
 
-def test_journal_counts_an_object_built_during_it_as_constructed():
-    with Journal() as j:
-        h = Holder(calls=5)  # built while the journal is open
+def test_scope_counts_an_object_built_during_it_as_constructed():
+    scope = Scope()
+    with scope.active():
+        h = Holder(calls=5)  # built while the scope is open
         h.calls = 6
-        assert [(name, old, new) for _, name, old, new in j.net_writes()] == [("calls", 5, 6)]
-        j.undo()
+    assert [(w.name, w.old, w.value) for w in scope.net_writes(scope.settle())] == [("calls", 5, 6)]
+    scope.restore()
     assert vars(h) == {"calls": 5}  # as constructed, not stripped
-    assert "__init__" not in vars(Empty) and "__setattr__" not in vars(Holder)  # hooks removed
+    for cls in (Empty, Holder):  # hooks removed
+        assert not {"__init__", "__setattr__", "__getattribute__"} & set(vars(cls))

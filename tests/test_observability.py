@@ -7,8 +7,8 @@ import logging
 import torch
 
 import subclasses as S
-from dynamo_ext.dynamo_layer import read_attr
-from dynamo_ext.inspect import residual_writes
+from dynamo_ext.handoff import read_attr
+from dynamo_ext.introspect import residual_writes
 
 
 def mul3(x):

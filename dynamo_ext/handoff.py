@@ -1,0 +1,87 @@
+"""The hand-off from the Dynamo layer to the AOTAutograd layer, and the graph nodes both use.
+
+Dynamo calls the backend (and so AOTAutograd) from inside ``compile_subgraph``.  What
+the Dynamo layer learned while tracing that graph reaches the AOTAutograd layer as one
+explicit record, set in a ``ContextVar`` around the backend call and reset after it
+(``handing_off`` / ``received``).  Module dependencies run one way: both layers import
+this module; neither imports the other.
+
+The FX targets the Dynamo layer puts in the graph run (a) in AOTAutograd's tracing
+passes, on the pass's own instances, and (b) at run time with ``backend="eager"``, on
+the real objects:
+
+- ``read_attr`` reads a tensor or symbolic value dispatch wrote, making it a graph output;
+- ``seed_attr`` hands a traced object the entry value Dynamo answered a read with (a
+  tensor made a graph input, a symbolic int): outside a capture scope it does nothing,
+  since the real object already holds that value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from typing import Any, Iterator
+
+from . import capture
+
+
+@dataclasses.dataclass
+class DynamoRecord:
+    """What the Dynamo layer knows about the graph it hands to the backend.
+
+    ``recorded``: ``{id(real object): {attribute: constant or GRAPH_VALUE}}`` that Dynamo's
+    residual bytecode replays (the AOTAutograd layer must not apply them twice);
+    ``observed``: the same, seen in fake propagation but not recorded (Dynamo layer off);
+    ``fullgraph``: a refusal must raise (else the frame falls back to eager).
+    """
+
+    recorded: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    observed: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    fullgraph: bool = True
+
+
+_RECORD: contextvars.ContextVar[DynamoRecord | None] = contextvars.ContextVar("dynamo_ext_record", default=None)
+
+
+@contextlib.contextmanager
+def handing_off(record: DynamoRecord) -> Iterator[None]:
+    token = _RECORD.set(record)
+    try:
+        yield
+    finally:
+        _RECORD.reset(token)
+
+
+def received() -> DynamoRecord | None:
+    """The record of the Dynamo graph being compiled now, or None (AOTAutograd called directly)."""
+    return _RECORD.get()
+
+
+# --------------------------------------------------------------------------- #
+# FX targets
+# --------------------------------------------------------------------------- #
+
+
+def read_attr(obj: Any, path: capture.Path, name: str) -> Any:
+    """Graph node for a tensor or symbolic value written into ``obj...name`` by dispatch."""
+    return getattr(capture.follow(obj, path), name)
+
+
+def seed_attr(obj: Any, path: capture.Path, name: str, value: Any) -> None:
+    """Give a traced object the entry value of ``name`` that Dynamo answered a read with.
+
+    In an AOTAutograd pass the object is the pass's own instance, rebuilt by
+    ``__tensor_unflatten__``: it gets the graph's value (a tensor graph input, a
+    symbolic int).  Outside a capture scope (run time, ``backend="eager"``) the real
+    object already holds it and nothing happens.
+    """
+    scope = capture.current()
+    if scope is None:
+        return
+    target = capture.follow(obj, path)
+    t = scope.lookup(target)
+    if t is None:
+        t = scope.track(target, None)
+    if name not in t.written:
+        t.set_answer(name, value)

@@ -1,0 +1,105 @@
+"""The patch table: every change dynamo_ext makes to torch's modules, in one place.
+
+Applied and undone as one unit by ``dynamo_ext.enable()`` / ``disable()``
+(``_patches.PatchSet``).  Hooks that only live while a trace runs (attribute hooks
+on subclass classes, run-eagerly marks on refused dispatch code) go through the
+handles in ``_patches`` (``CLASS_HOOKS``, ``CODE_MARKS``), which ``disable()`` also
+undoes.  Targets are the module globals and class attributes torch resolves at call
+time, so a name bound before ``enable()`` (``from functorch.compile import
+aot_function``) still goes through them.
+"""
+
+from __future__ import annotations
+
+from . import aot_layer, dynamo_layer, writeback
+from ._patches import Patch
+
+#: Every change dynamo_ext makes to torch.
+TABLE: list[Patch] = [
+    Patch(
+        "torch._dynamo.utils",
+        "_get_fake_value_impl",
+        dynamo_layer.make_fake_value_hook,
+        why="Dynamo runs __torch_dispatch__ on fake example values here; reads are answered "
+        "from the real objects and guarded, writes recorded with SideEffects. Callers import "
+        "get_fake_value by name, so the module-global impl it calls is the one place that "
+        "sees every op.",
+    ),
+    Patch(
+        "torch._dynamo.output_graph:OutputGraph",
+        "compile_subgraph",
+        dynamo_layer.make_compile_subgraph_hook,
+        why="Restore the traced objects before codegen, guards and the backend see them, and "
+        "hand what the Dynamo layer recorded to the AOTAutograd layer.",
+    ),
+    Patch(
+        "torch._dynamo.guards",
+        "deepcopy",
+        dynamo_layer.make_guard_deepcopy,
+        why="Guards deep-copy subclass ctx (DTensor specs) to compare later calls with it; "
+        "objects registered with register_ctx_state are shared state compared by identity "
+        "(_MaskPartial.__eq__), so the copy must keep them or the guard never holds.",
+    ),
+    Patch(
+        "torch._functorch.aot_autograd",
+        "prepare_aot_module_simplified",
+        aot_layer.make_prepare_hook,
+        why="Wrap the function AOTAutograd traces for aot_module_simplified (every "
+        "AOTAutograd-based Dynamo backend): each tracing pass runs in a capture scope and "
+        "returns new tensor attributes as extra outputs. Called as a module global.",
+    ),
+    Patch(
+        "torch._functorch.aot_autograd",
+        "create_tree_flattened_fn",
+        aot_layer.make_tree_flattened_fn_hook,
+        why="The same for aot_function (and aot_module, functorch's compilers), which builds "
+        "its traced function here at its first call; imported into aot_autograd's namespace "
+        "and called from there.",
+    ),
+    Patch(
+        "torch._functorch.aot_autograd",
+        "aot_stage2_compile",
+        aot_layer.make_stage2_hook,
+        why="The compiled callable of every AOTAutograd entry point comes out of stage 2: "
+        "it gets the run-time replay of the frozen write plan.",
+    ),
+    Patch(
+        "torch._functorch._aot_autograd.autograd_cache:AOTAutogradCache",
+        "try_load",
+        aot_layer.make_try_load_hook,
+        why="A cache hit skips every tracing pass: graphs with subclass inputs must find "
+        "their write plan with the entry.",
+    ),
+    Patch(
+        "torch.export._trace",
+        "create_functional_call",
+        aot_layer.make_export_functional_call_hook,
+        why="Non-strict torch.export traces through it (imported by name) with no run-time "
+        "epilogue: writes made there are refused instead of silently dropped.",
+    ),
+    Patch(
+        "torch._functorch._aot_autograd.collect_metadata_analysis",
+        "coerce_tangent_and_suggest_memory_format",
+        aot_layer.make_coerce_tangent_hook,
+        why="Tangent coercion runs on a pass's outputs after the pass undid its ctx-state "
+        "writes; DTensor needs the mask to coerce a _MaskPartial output, so it sees the "
+        "state the pass left, undone again after. Called as a module global.",
+    ),
+    Patch(
+        "torch._functorch._aot_autograd.graph_capture_wrappers",
+        "apply_in_graph_mutations",
+        writeback.make_apply_in_graph_mutations,
+        why="Data mutations of subclass inputs kept in the graph are written back with the "
+        "subclass's own copy_, which DTensor cannot dispatch for a _MaskPartial input (the "
+        "reduction masks the pending local shard in place); fall back to copying the inner "
+        "tensors when old and new have the same flatten ctx. Called as a module global.",
+    ),
+    Patch(
+        "torch._functorch._aot_autograd.subclass_codegen",
+        "_compile_and_exec_source",
+        writeback.make_compile_and_exec_source,
+        why="The same for the run-time mutation epilogue AOTAutograd generates "
+        "(_apply_mutations): its copy_ calls go through the same fallback. Imported by "
+        "name inside the functions that call it, so the module global is the one to wrap.",
+    ),
+]

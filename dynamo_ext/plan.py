@@ -1,0 +1,191 @@
+"""The write plan of one compiled graph (frozen at compile time) and its replay (run time).
+
+The AOTAutograd layer's planner (``aot_layer.Planner``) fills a ``WritePlan`` from
+the tracing passes and freezes it; every entry point (``aot_module_simplified``,
+``aot_function``, an AOTAutogradCache hit) wraps the compiled callable with the
+same ``Replay``: strip the extra outputs the passes appended, set the planned
+writes on the real objects in the order dispatch made them, and arm the backward's
+writes.  The shape follows AOTAutograd's own ``CompilerWrapper``: ``pre_compile``
+returns what ``post_compile`` needs, nothing else is shared between the two times.
+
+A plan with no object targets is plain data (picklable): it is stored with an
+AOTAutogradCache entry and a hit replays it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+
+from . import capture
+from .errors import RefusalKind, SubclassWriteError
+from .values import HELD_TENSOR, MISSING, ValueKind, classify
+
+
+class ValueFrom(enum.Enum):
+    CONSTANT = "constant"  # value: the constant
+    OUTPUT = "output"  # value: position among the extra outputs
+    INPUT = "input"  # value: position of the input it aliases
+    INNER = "inner"  # value: (input position, path, attribute) of a tensor an input held
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedWrite:
+    """One attribute write to replay on a real object after each call."""
+
+    input_index: int  # position among the compiled function's flat inputs; -1: ``obj``
+    path: capture.Path  # from that input to the object written on (nested subclasses)
+    name: str
+    value_from: ValueFrom
+    value: Any
+    entry: Any = MISSING  # the attribute's value when tracing started: a constant, MISSING, HELD_TENSOR
+    obj: Any = None  # a registered state object written on (shared with eager by reference)
+
+    def signature(self) -> tuple:
+        where = ("obj", id(self.obj)) if self.obj is not None else (self.input_index, self.path)
+        value = repr(self.value) if self.value_from is ValueFrom.CONSTANT else self.value
+        return (where, self.name, self.value_from, value)
+
+    def target(self, inputs: Sequence[Any]) -> Any:
+        if self.obj is not None:
+            return self.obj
+        return capture.follow(inputs[self.input_index], self.path)
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryRead:
+    """State a tracing pass read from a real input: with no Dynamo guards (AOTAutograd
+    called directly) a call must present the same, or the plan is stale."""
+
+    input_index: int
+    path: capture.Path
+    name: str
+    value: Any  # a constant, MISSING (absent), HELD_TENSOR
+
+
+@dataclasses.dataclass(frozen=True)
+class WritePlan:
+    writes: tuple[PlannedWrite, ...] = ()
+    n_extra: int = 0
+    backward_writes: tuple[PlannedWrite, ...] = ()
+    entry_reads: tuple[EntryRead, ...] = ()
+    #: Dynamo guards the inputs' state; called directly, the entry state is checked per call.
+    guarded: bool = True
+
+    @property
+    def empty(self) -> bool:
+        return not self.writes and not self.backward_writes and not self.n_extra
+
+    @property
+    def picklable(self) -> bool:
+        return all(w.obj is None for w in self.writes + self.backward_writes)
+
+
+def check_entry(plan: WritePlan, inputs: Sequence[Any], reads: Sequence[EntryRead] | None = None) -> None:
+    """Refuse a call whose inputs do not hold the state the plan was traced from
+    (``stale_plan``): only where no Dynamo guard covers it."""
+    for r in plan.entry_reads if reads is None else reads:
+        obj = capture.follow(inputs[r.input_index], r.path)
+        now = obj.__dict__.get(r.name, MISSING)
+        if r.value is MISSING and now is MISSING:
+            continue
+        if r.value is HELD_TENSOR and isinstance(now, torch.Tensor):
+            continue
+        if r.value is MISSING or now is MISSING or classify(now) is not ValueKind.CONSTANT or now != r.value:
+            raise SubclassWriteError(
+                RefusalKind.STALE_PLAN,
+                type(obj).__name__,
+                r.name,
+                type(now).__name__,
+                context=f"traced with {r.name}={r.value!r}, called with {r.name}={now!r}",
+            )
+
+
+class Replay:
+    """Run-time half: what runs after each call of a compiled graph with a plan."""
+
+    def __init__(self, plan: WritePlan) -> None:
+        self.plan = plan
+        # One flat tuple per write, computed once.
+        self._steps = [(w.obj, w.input_index, w.path, w.name, w.value_from, w.value) for w in plan.writes]
+        self._cut = plan.n_extra
+
+    def strip(self, out: Any) -> tuple[Any, Sequence[Any]]:
+        """Split the compiled callable's outputs into the caller's and the extra ones."""
+        if not self._cut:
+            return out, ()
+        cut = len(out) - self._cut
+        return type(out)(out[:cut]), out[cut:]
+
+    def apply(self, inputs: Sequence[Any], extras: Sequence[Any]) -> None:
+        """Set the planned writes on the real objects, in the order dispatch made them."""
+        for obj, index, path, name, value_from, value in self._steps:
+            if value_from is ValueFrom.OUTPUT:
+                value = extras[value]
+            elif value_from is ValueFrom.INPUT:
+                value = inputs[value]
+            elif value_from is ValueFrom.INNER:
+                value = getattr(capture.follow(inputs[value[0]], value[1]), value[2])
+            elif isinstance(value, torch.SymInt):  # pragma: no cover - planned as outputs
+                raise AssertionError("a symbolic constant reached the replay")
+            target = obj if obj is not None else (capture.follow(inputs[index], path) if path else inputs[index])
+            setattr(target, name, value)
+
+    def __call__(self, inputs: Sequence[Any], out: Any) -> Any:
+        if not self.plan.guarded:
+            check_entry(self.plan, inputs)
+        out, extras = self.strip(out)
+        self.apply(inputs, extras)
+        if self.plan.backward_writes:
+            self.arm_backward(inputs, out)
+        return out
+
+    def arm_backward(self, inputs: Sequence[Any], out: Any) -> None:
+        """Set the backward's writes when the compiled backward of this call runs."""
+        node = _compiled_backward_node(out)
+        if node is None:  # nothing requires grad: there will be no backward
+            return
+        inputs = list(inputs)
+        writes = self.plan.backward_writes
+
+        def after_backward(grad_inputs: Any, grad_outputs: Any) -> None:
+            for w in writes:
+                setattr(w.target(inputs), w.name, w.value)
+
+        node.register_hook(after_backward)
+
+    def wrap_boxed(self, compiled: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
+        """The compiled callable AOTAutograd returns from its stage 2 (boxed: it takes one
+        list of flat inputs, which it may clear)."""
+
+        def run_with_replay(args: list[Any]) -> Any:
+            inputs = list(args)
+            return self(inputs, compiled(args))
+
+        for attr in ("_boxed_call", "zero_grad"):
+            if hasattr(compiled, attr):
+                setattr(run_with_replay, attr, getattr(compiled, attr))
+        run_with_replay.__wrapped__ = compiled  # type: ignore[attr-defined]
+        return run_with_replay
+
+
+def _compiled_backward_node(out: Any) -> Any:
+    """The autograd node of AOTAutograd's compiled backward behind these outputs."""
+    for t in pytree.tree_leaves(out):
+        if not isinstance(t, torch.Tensor) or t.grad_fn is None:
+            continue
+        stack, seen = [t.grad_fn], set()
+        while stack:  # below view-replay and subclass wrapping nodes
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if "CompiledFunction" in type(node).__name__:
+                return node
+            stack.extend(n for n, _ in node.next_functions)
+        return t.grad_fn
+    return None

@@ -1,0 +1,977 @@
+"""Adversarial differential tests: realistic subclasses and programs that try to make a
+compiled call leave other state than eager.
+
+Each test runs one program eagerly and compiled on equal, separately built inputs, several
+calls, and after every call compares outputs, grads and the full attribute state of every
+object a write can reach (inputs, nested subclasses, module parameters, ctx-reachable state
+objects). The one accepted alternative: under ``fullgraph=True`` the first compiled call
+raises a dynamo_ext refusal and leaves its inputs untouched. Under ``fullgraph=False`` nothing
+may raise that eager does not raise.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Callable, Sequence
+
+import pytest
+import torch
+import torch._dynamo
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+import adversarial_subclasses as adv
+import dynamo_ext
+from harness import assert_same_outputs, assert_same_state, leaked_fakes, plain
+
+BACKENDS = ["eager", "aot_eager"]
+FULLGRAPH = [True, False]
+
+
+# =========================================================================== helpers
+
+
+def refusal_kind(exc: BaseException) -> str | None:
+    """The dynamo_ext refusal kind carried by ``exc`` (or its causes), else None."""
+    seen = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, dynamo_ext.SubclassWriteError):
+            kind = getattr(e, "kind", None)
+            return str(getattr(kind, "value", kind))
+        msg = str(e)
+        if "dynamo_ext: " in msg:
+            for k in dynamo_ext.RefusalKind:
+                if f"dynamo_ext: {k.value}" in msg:
+                    return k.value
+        todo += [getattr(e, "inner_exception", None), e.__cause__, e.__context__]
+    return None
+
+
+class Refused(Exception):
+    """Raised by ``run`` when the accepted refusal happened (carries the kind)."""
+
+
+_SKIP_ATTRS = ("_dynamo",)
+
+
+def picture(obj: Any, path: str = "x") -> dict[str, tuple]:
+    """A strict, comparable picture of everything reachable from ``obj``'s attributes.
+
+    Constants compare by type and repr (1 vs 1.0 vs True, 0.0 vs -0.0, nan), tensors by
+    type, dtype, shape and values, plus which earlier path holds the same object / the same
+    storage (alias structure); subclasses and plain objects recurse into ``vars``."""
+    out: dict[str, tuple] = {}
+    ids: dict[int, str] = {}
+    storages: dict[tuple, str] = {}
+
+    def visit(v: Any, p: str, depth: int) -> None:
+        if depth > 6:
+            return
+        if isinstance(v, torch.Tensor):
+            if id(v) in ids:
+                out[p] = ("same_object_as", ids[id(v)])
+                return
+            ids[id(v)] = p
+            fake = isinstance(v, (FakeTensor, FunctionalTensor))
+            if is_traceable_wrapper_subclass(v):
+                out[p] = ("subclass", type(v).__name__, v.dtype, tuple(v.shape), fake)
+                for k, w in sorted(vars(v).items()):
+                    if k.startswith(_SKIP_ATTRS):
+                        continue
+                    visit(w, f"{p}.{k}", depth + 1)
+                return
+            alias = None
+            if not fake:
+                key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.stride()))
+                alias = storages.get(key)
+                storages.setdefault(key, p)
+            vals = None if fake else v.detach().clone()
+            out[p] = ("tensor", type(v).__name__, v.dtype, tuple(v.shape), fake, alias, vals)
+            return
+        if isinstance(v, (list, tuple)) and not isinstance(v, torch.Size):
+            out[p] = ("seq", type(v).__name__, len(v))
+            for i, w in enumerate(v):
+                visit(w, f"{p}[{i}]", depth + 1)
+            return
+        if isinstance(v, dict):
+            out[p] = ("dict", len(v))
+            for k, w in v.items():
+                visit(w, f"{p}[{k!r}]", depth + 1)
+            return
+        if hasattr(v, "__dict__") and not isinstance(v, type) and not callable(v) and type(v).__module__ != "enum":
+            if id(v) in ids:
+                out[p] = ("same_object_as", ids[id(v)])
+                return
+            ids[id(v)] = p
+            out[p] = ("object", type(v).__name__)
+            for k, w in sorted(vars(v).items()):
+                visit(w, f"{p}.{k}", depth + 1)
+            return
+        if isinstance(v, torch.Size):
+            out[p] = ("const", "Size", tuple((type(d).__name__, d) for d in v))
+            return
+        r = repr(v) if not isinstance(v, float) else (math.copysign(1, v), repr(v))
+        out[p] = ("const", type(v).__name__, r)
+
+    visit(obj, path, 0)
+    return out
+
+
+def picture_diffs(eager: dict, compiled: dict) -> list[str]:
+    diffs = []
+    for p in sorted(eager.keys() - compiled.keys()):
+        diffs.append(f"{p}: only in eager {eager[p][:3]}")
+    for p in sorted(compiled.keys() - eager.keys()):
+        diffs.append(f"{p}: only in compiled {compiled[p][:3]}")
+    for p in sorted(eager.keys() & compiled.keys()):
+        e, c = eager[p], compiled[p]
+        if c[0] in ("tensor", "subclass") and c[4]:
+            diffs.append(f"{p}: a trace-time tensor {c[:4]}")
+        elif e[0] == "tensor" and c[0] == "tensor":
+            if e[:6] != c[:6]:
+                diffs.append(f"{p}: eager {e[:6]} vs compiled {c[:6]}")
+            elif not torch.allclose(c[6], e[6], equal_nan=True) if e[6].is_floating_point() else not torch.equal(c[6], e[6]):
+                diffs.append(f"{p}: values eager {e[6].flatten()[:6].tolist()} vs compiled {c[6].flatten()[:6].tolist()}")
+        elif e != c:
+            diffs.append(f"{p}: eager {e} vs compiled {c}")
+    return diffs
+
+
+def assert_same_picture(eager: dict, compiled: dict, where: str) -> None:
+    diffs = picture_diffs(eager, compiled)
+    assert not diffs, f"{where}: state differs from eager: " + "; ".join(diffs)
+
+
+def assert_same_everywhere(e_objs: dict[str, Any], c_objs: dict[str, Any], where: str) -> None:
+    diffs = []
+    for name in e_objs:
+        diffs += picture_diffs(picture(e_objs[name], name), picture(c_objs[name], name))
+    assert not diffs, f"{where}: state differs from eager: " + "; ".join(diffs)
+    for name in e_objs:
+        e, c = e_objs[name], c_objs[name]
+        if isinstance(e, torch.Tensor) and is_traceable_wrapper_subclass(e):
+            assert_same_state(e, c, f"{where} {name}")
+        assert not leaked_fakes(c, name, 0 if isinstance(c, torch.Tensor) else 1), f"{where} {name}: leaked fakes"
+
+
+def same_outputs(e_out: Any, c_out: Any, where: str, state: bool = True) -> None:
+    """harness.assert_same_outputs, with the call named; ``state=False`` compares types and
+    values only (for subclasses whose __tensor_unflatten__ adds attributes to every instance
+    it builds: AOTAutograd builds compiled outputs with it, stock behaviour)."""
+    try:
+        if state:
+            assert_same_outputs(e_out, c_out)
+        else:
+            e_flat, c_flat = torch.utils._pytree.tree_leaves(e_out), torch.utils._pytree.tree_leaves(c_out)
+            assert len(e_flat) == len(c_flat)
+            for e, c in zip(e_flat, c_flat):
+                assert type(e) is type(c), f"{type(e)} vs {type(c)}"
+                if isinstance(e, torch.Tensor):
+                    torch.testing.assert_close(plain(c), plain(e))
+                else:
+                    assert e == c, f"{e!r} vs {c!r}"
+    except AssertionError as exc:
+        raise AssertionError(f"{where}: outputs differ from eager: {exc}") from None
+
+
+def _objects(args: Sequence[Any], extra: Callable[[Sequence[Any]], dict] | None) -> dict[str, Any]:
+    objs = {f"arg{i}": a for i, a in enumerate(args)}
+    if extra is not None:
+        objs.update(extra(args))
+    return objs
+
+
+def _loss(out: Any) -> torch.Tensor:
+    ts = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+    return sum(plain_sum(t) for t in ts)
+
+
+def plain_sum(t: torch.Tensor) -> torch.Tensor:
+    return t.sum()
+
+
+def run(
+    fn: Callable,
+    make: Callable[[], Sequence[Any]],
+    *,
+    backend: str,
+    fullgraph: bool,
+    calls: int = 4,
+    between: Callable[[int, Sequence[Any]], None] | None = None,
+    extra: Callable[[Sequence[Any]], dict] | None = None,
+    backward: bool = False,
+    dynamic: bool | None = None,
+    fresh: Callable[[int], Sequence[Any]] | None = None,
+    compiled_fn: Callable | None = None,
+    output_state: bool = True,
+) -> str | None:
+    """Eager vs compiled, call after call. Returns the refusal kind if the accepted refusal
+    happened on call 1 (fullgraph=True only), else None.
+
+    ``between(call, args)`` is user code run on both sides before calls 2.. (state changes
+    the compiled code must notice). ``extra(args)`` names more objects to compare.
+    ``fresh(call)`` builds new inputs per call (changing shapes)."""
+    torch._dynamo.reset()
+    compiled = compiled_fn or torch.compile(fn, backend=backend, fullgraph=fullgraph, dynamic=dynamic)
+    e_args, c_args = list(make()), list(make())
+    for call in range(calls):
+        if fresh is not None and call:
+            e_args, c_args = list(fresh(call)), list(fresh(call))
+        if between is not None and call:
+            with torch.no_grad():
+                between(call, e_args)
+                between(call, c_args)
+        where = f"call {call + 1}"
+        before = {k: picture(v, k) for k, v in _objects(c_args, extra).items()}
+        e_out = fn(*e_args)
+        try:
+            c_out = compiled(*c_args)
+        except Exception as exc:
+            kind = refusal_kind(exc)
+            if kind is None or not fullgraph:
+                raise
+            after = {k: picture(v, k) for k, v in _objects(c_args, extra).items()}
+            for k in before:
+                assert_same_picture(before[k], after[k], f"{where}: refused ({kind}) but input touched")
+            if call:
+                raise AssertionError(
+                    f"refused ({kind}) only on {where}, after {call} compiled call(s) ran: "
+                    f"a late refusal, not at the first compile: {exc}"
+                ) from exc
+            return kind
+        same_outputs(e_out, c_out, where, output_state)
+        if backward:
+            _loss(e_out).backward()
+            _loss(c_out).backward()
+            for i, (e, c) in enumerate(zip(e_args, c_args)):
+                if isinstance(e, torch.Tensor) and e.requires_grad:
+                    assert (e.grad is None) == (c.grad is None), f"{where}: arg{i} grad presence"
+                    if e.grad is not None:
+                        torch.testing.assert_close(plain(c.grad), plain(e.grad))
+                    e.grad = c.grad = None
+        assert_same_everywhere(_objects(e_args, extra), _objects(c_args, extra), where)
+    return None
+
+
+def note(kind: str | None, allowed: Sequence[str] | None = None) -> None:
+    """A refusal is accepted; where a test knows which kinds are legitimate, check it."""
+    if kind is not None and allowed is not None:
+        assert kind in allowed, f"refused with {kind}, expected one of {allowed}"
+
+
+both = pytest.mark.parametrize("backend", BACKENDS)
+fg = pytest.mark.parametrize("fullgraph", FULLGRAPH)
+
+
+def r(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g)
+
+
+# =========================================================================== 1. own state
+
+
+def mul_add(x):
+    return x * 2 + 1
+
+
+@both
+@fg
+def test_step_default_in_new_outside_ctx(backend, fullgraph):
+    """``self.step = 0`` in __new__, ``step = step + 1`` per mul: 1, 2, 3, 4 like eager."""
+    run(lambda x: x * 2 + 1, lambda: [adv.StepTensor(r(4))], backend=backend, fullgraph=fullgraph)
+
+
+@both
+@fg
+def test_step_default_two_muls_per_call(backend, fullgraph):
+    def f(x, y):
+        return x * y + x * 3
+
+    run(f, lambda: [adv.StepTensor(r(4)), adv.StepTensor(r(4, seed=1))], backend=backend, fullgraph=fullgraph)
+
+
+@both
+@fg
+def test_step_reset_by_user_between_calls(backend, fullgraph):
+    """The user resets the (non-ctx) counter between calls: must not be ignored."""
+
+    def between(call, args):
+        if call == 2:
+            args[0].step = 10
+
+    run(mul_add, lambda: [adv.StepTensor(r(4))], backend=backend, fullgraph=fullgraph, between=between)
+
+
+@both
+@fg
+def test_unflatten_sets_default_for_non_ctx_attribute(backend, fullgraph):
+    """__tensor_unflatten__ sets ``hits = 0``; the real input has ``hits = k`` after k calls.
+    (Outputs are compared by value only: AOTAutograd builds compiled outputs with
+    __tensor_unflatten__, which gives them ``hits``/``last_op``, as stock torch does.)"""
+    run(mul_add, lambda: [adv.UnflattenDefaultTensor(r(4))], backend=backend, fullgraph=fullgraph,
+        output_state=False)
+
+
+@both
+@fg
+@pytest.mark.parametrize("cls", [adv.RunningAmaxTensor, adv.LazyAmaxTensor], ids=["zeros_default", "none_default"])
+def test_attribute_named_amax_shadowing_tensor_method(backend, fullgraph, cls):
+    """Running amax in ``self.amax`` (shadows Tensor.amax), defaulted in __new__ to a zero
+    tensor or to None; the user shrinks the weight between calls, so a running max computed
+    from the default instead of the input's amax differs from eager's."""
+
+    def between(call, args):
+        args[0].elem.mul_(0.5)
+
+    run(mul_add, lambda: [cls(r(5))], backend=backend, fullgraph=fullgraph, between=between)
+
+
+@both
+@fg
+def test_attribute_named_values_probed_with_getattr(backend, fullgraph):
+    """``getattr(x, "values", None)`` returns the bound Tensor.values until dispatch sets it."""
+    run(mul_add, lambda: [adv.ValuesAccumTensor(r(5))], backend=backend, fullgraph=fullgraph)
+
+
+@both
+@fg
+def test_class_level_cache_default(backend, fullgraph):
+    """``cache = None`` on the class, set on the instance on the first mul, used by the op."""
+
+    def between(call, args):
+        # the user updates the weight: eager keeps computing with the cached (old) copy
+        args[0].elem.add_(0.25)
+
+    run(mul_add, lambda: [adv.ClassDefaultCacheTensor(r(5))], backend=backend, fullgraph=fullgraph, between=between)
+
+
+@both
+@fg
+def test_class_level_scale_default_decayed_per_call(backend, fullgraph):
+    """``scale = 1.0`` on the class; every mul halves the instance's scale: 0.5, 0.25, ..."""
+    run(mul_add, lambda: [adv.ClassDefaultScaleTensor(r(5))], backend=backend, fullgraph=fullgraph)
+
+
+# =========================================================================== 2. __getattr__
+
+
+@both
+@fg
+def test_user_getattr_serves_scale_from_ctx(backend, fullgraph):
+    def between(call, args):
+        if call == 2:
+            args[0]._qmeta = (3.0, 2)  # the user re-calibrates: ctx changes
+
+    run(
+        lambda x: x * 2 + 1,
+        lambda: [adv.MetaServedTensor(r(4), (0.5, 1))],
+        backend=backend,
+        fullgraph=fullgraph,
+        between=between,
+    )
+
+
+@both
+@fg
+def test_user_getattr_serves_scale_from_non_ctx_attribute(backend, fullgraph):
+    """__getattr__ serves ``scale`` from ``user_scale`` (not in ctx), set by the user at call 3."""
+
+    def between(call, args):
+        if call == 2:
+            args[0].user_scale = 4.0
+
+    run(mul_add, lambda: [adv.OverrideServedTensor(r(4))], backend=backend, fullgraph=fullgraph, between=between)
+
+
+@both
+@fg
+def test_forwarding_getattr_reads_inner_tensor_attribute(backend, fullgraph):
+    """__getattr__ forwards unknown names to elem; the user tags elem between calls."""
+
+    def between(call, args):
+        if call == 2:
+            args[0].elem.tag = "calibrated"
+
+    run(mul_add, lambda: [adv.ForwardingGetattrTensor(r(4))], backend=backend, fullgraph=fullgraph, between=between)
+
+
+# =========================================================================== 3. outside reads
+
+
+@both
+@fg
+def test_quant_cache_rebuilt_on_inner_version_bump(backend, fullgraph):
+    """Dispatch rebuilds ``w.cache`` when ``w.cache_version != w.elem._version``; the user
+    updates the weight in place between calls 2 and 3 (optimizer-style)."""
+
+    def f(x, w):
+        return torch.mm(x, w)
+
+    def between(call, args):
+        if call in (2, 3):
+            args[1].elem.add_(1.0)
+
+    run(f, lambda: [r(2, 4), adv.VersionedQuantWeight(r(4, 3, seed=1))], backend=backend, fullgraph=fullgraph,
+        between=between, calls=5)
+
+
+@both
+@fg
+def test_module_global_read_by_dispatch_into_attributes(backend, fullgraph):
+    """AMAX_MARGIN (module global) changes between calls; only attributes depend on it."""
+
+    def between(call, args):
+        adv.AMAX_MARGIN = 1.0 + call
+
+    try:
+        run(mul_add, lambda: [adv.GlobalMarginTensor(r(4))], backend=backend, fullgraph=fullgraph, between=between)
+    finally:
+        adv.AMAX_MARGIN = 1.0
+
+
+@both
+def test_module_global_read_by_dispatch_into_output(backend):
+    """OUTPUT_GAIN (module global) scales every mul output and is recorded on the input."""
+
+    def between(call, args):
+        adv.OUTPUT_GAIN = 1.0 + call
+
+    try:
+        run(mul_add, lambda: [adv.GlobalGainTensor(r(4))], backend=backend, fullgraph=True, between=between)
+    finally:
+        adv.OUTPUT_GAIN = 1.0
+
+
+@both
+@fg
+def test_closure_variables_read_by_dispatch(backend, fullgraph):
+    """Dispatch reads a closure dict entry and a nonlocal the user changes between calls."""
+    cls, cfg, set_threshold = adv.make_clipping_class()
+
+    def between(call, args):  # runs for both sides; idempotent per call
+        cfg["clip"] = 0.25 * call
+        set_threshold(2.0 if call >= 2 else 0.5)
+
+    run(mul_add, lambda: [cls(r(6))], backend=backend, fullgraph=fullgraph, between=between)
+
+
+# =========================================================================== 4. equal writes
+
+
+@both
+@fg
+def test_writes_equal_to_old_values(backend, fullgraph):
+    """True over True, 1.0 over int 1, 1 over True, -0.0 over 0.0, an equal tensor, the same
+    dtype: types, signs and tensor identity must end as in eager."""
+    objs: dict[str, list] = {"e": [], "c": []}
+
+    def make():
+        return [adv.SameValueTensor(r(4))]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(mul_add, backend=backend, fullgraph=fullgraph)
+    xe, xc = make()[0], make()[0]
+    for call in range(3):
+        old_e, old_c = xe.cache, xc.cache
+        ye = mul_add(xe)
+        try:
+            yc = compiled(xc)
+        except Exception as exc:
+            kind = refusal_kind(exc)
+            assert kind is not None and fullgraph and call == 0, f"call {call + 1}: {exc!r}"
+            return
+        same_outputs(ye, yc, f"call {call + 1}")
+        assert_same_picture(picture(xe), picture(xc), f"call {call + 1}")
+        assert (xe.cache is old_e) == (xc.cache is old_c), "cache identity: eager wrote a new tensor"
+        for name in ("n", "enabled", "zero", "armed"):
+            ve, vc = getattr(xe, name), getattr(xc, name)
+            assert type(ve) is type(vc) and repr(ve) == repr(vc), f"{name}: eager {ve!r} vs compiled {vc!r}"
+        # in-place on the cache must not reach elem in either
+        xe.cache.add_(100.0)
+        xc.cache.add_(100.0)
+        torch.testing.assert_close(xc.elem, xe.elem)
+
+
+# =========================================================================== 5. other objects
+
+
+@both
+@fg
+def test_outer_writes_on_nested_inner_subclass(backend, fullgraph):
+    def make():
+        return [adv.OuterTensor(adv.PlainInner(r(4)))]
+
+    run(mul_add, make, backend=backend, fullgraph=fullgraph,
+        extra=lambda a: {"inner": a[0].inner})
+
+
+@both
+@fg
+def test_nested_inner_subclass_writes_on_itself(backend, fullgraph):
+    """The inner subclass's own dispatch counts its ops (ctx); the outer one only counts its
+    own calls (outside its ctx)."""
+
+    def make():
+        return [adv.QuietOuterTensor(adv.CountedInner(r(4)))]
+
+    run(mul_add, make, backend=backend, fullgraph=fullgraph,
+        extra=lambda a: {"inner": a[0].inner})
+
+
+class TinyLinear(torch.nn.Module):
+    def __init__(self, cls, seed=0):
+        super().__init__()
+        self.weight = torch.nn.Parameter(cls(r(4, 3, seed=seed)))
+
+    def forward(self, x):
+        return torch.relu(torch.mm(x, self.weight))
+
+
+def _module_pair(cls):
+    return TinyLinear(cls), TinyLinear(cls)
+
+
+def _param_objs(model):
+    return {name: p for name, p in model.named_parameters()}
+
+
+@both
+@fg
+def test_parameter_subclass_module_forward_backward(backend, fullgraph):
+    torch._dynamo.reset()
+    me, mc = _module_pair(adv.TrackedWeight)
+    cm = torch.compile(mc, backend=backend, fullgraph=fullgraph)
+    for call in range(4):
+        x = r(2, 4, seed=10 + call)
+        before = picture(mc.weight, "weight")
+        ye = me(x)
+        try:
+            yc = cm(x)
+        except Exception as exc:
+            kind = refusal_kind(exc)
+            assert kind is not None and fullgraph and call == 0, f"call {call + 1}: {exc!r}"
+            assert_same_picture(before, picture(mc.weight, "weight"), "refused but weight touched")
+            return
+        same_outputs(ye, yc, f"call {call + 1}")
+        ye.sum().backward()
+        yc.sum().backward()
+        torch.testing.assert_close(plain(mc.weight.grad), plain(me.weight.grad))
+        me.weight.grad = mc.weight.grad = None
+        assert_same_everywhere(_param_objs(me), _param_objs(mc), f"call {call + 1}")
+
+
+def _manual_sgd(params, lr=0.1):
+    for p in params:
+        p.add_(p.grad, alpha=-lr)
+
+
+@both
+@fg
+def test_compiled_sgd_step_over_subclass_parameters(backend, fullgraph):
+    """torch.optim.SGD.step compiled (fullgraph=False: SGD.step has a graph break of its own),
+    and under fullgraph=True the same update written as a plain function."""
+    torch._dynamo.reset()
+    me, mc = _module_pair(adv.TrackedWeight)
+    oe = torch.optim.SGD(me.parameters(), lr=0.1, momentum=0.0, foreach=False)
+    oc = torch.optim.SGD(mc.parameters(), lr=0.1, momentum=0.0, foreach=False)
+    if fullgraph:
+        def eager_step():
+            with torch.no_grad():
+                _manual_sgd(list(me.parameters()))
+
+        cstep = torch.compile(_manual_sgd, backend=backend, fullgraph=True)
+
+        def step():
+            with torch.no_grad():
+                cstep(list(mc.parameters()))
+    else:
+        eager_step = oe.step
+        step = torch.compile(oc.step, backend=backend, fullgraph=False)
+    for call in range(3):
+        x = r(2, 4, seed=20 + call)
+        me(x).sum().backward()
+        mc(x).sum().backward()
+        before = picture(mc.weight, "weight")
+        eager_step()
+        try:
+            step()
+        except Exception as exc:
+            kind = refusal_kind(exc)
+            assert kind is not None and fullgraph and call == 0, f"call {call + 1}: {exc!r}"
+            assert_same_picture(before, picture(mc.weight, "weight"), "refused but weight touched")
+            return
+        oe.zero_grad(set_to_none=True)
+        oc.zero_grad(set_to_none=True)
+        assert_same_everywhere(_param_objs(me), _param_objs(mc), f"step {call + 1}")
+
+
+@both
+@fg
+@pytest.mark.parametrize("cls", [adv.StatsTensor, adv.TupleCtxStatsTensor], ids=["ctx_object", "ctx_tuple"])
+def test_registered_ctx_state_shared_by_two_inputs(backend, fullgraph, cls):
+    """A registered LayerStats (no __eq__, like a plain holder) is the ctx itself or inside a
+    ctx tuple, shared by two inputs; count/last_amax/ops accumulate over calls, and the user
+    resets the count before call 3."""
+
+    def make():
+        s = adv.LayerStats()
+        return [cls(r(4), s), cls(r(4, seed=1), s)]
+
+    def f(a, b):
+        return a * b + a * 2
+
+    def between(call, args):
+        if call == 2:
+            args[0].stats.count = 0  # the user resets the shared statistics
+
+    run(f, make, backend=backend, fullgraph=fullgraph, between=between,
+        extra=lambda a: {"stats": a[0].stats})
+
+
+@both
+@fg
+def test_unregistered_ctx_state_object(backend, fullgraph):
+    """The author forgot register_ctx_state: eager semantics or a refusal, never a silent miss."""
+
+    def make():
+        return [adv.UnregisteredStatsTensor(r(4), adv.UnregisteredStats())]
+
+    run(mul_add, make, backend=backend, fullgraph=fullgraph,
+        extra=lambda a: {"stats": a[0].stats})
+
+
+def _bwd_program(x, w):
+    return torch.mm(x, w).sum()
+
+
+@both
+@pytest.mark.parametrize("cls", [adv.BwdCountedWeight, adv.BwdCountedWeightOutOfCtx], ids=["ctx", "dict"])
+def test_backward_counter_on_saved_input_over_iterations(backend, cls):
+    """``aten.t(w)`` only runs in mm's backward: the counter goes 1, 2, 3 over 3 steps."""
+
+    def make():
+        return [r(2, 4).requires_grad_(), cls(r(4, 3, seed=1))]
+
+    run(_bwd_program, make, backend=backend, fullgraph=True, calls=3, backward=True)
+
+
+@both
+@pytest.mark.parametrize("cls", [adv.BwdCountedWeight, adv.BwdCountedWeightOutOfCtx], ids=["ctx", "dict"])
+def test_backward_counter_repeated_backward_on_one_forward(backend, cls):
+    """One forward, ``backward(retain_graph=True)`` three times: eager counts 1, 2, 3."""
+    torch._dynamo.reset()
+    compiled = torch.compile(_bwd_program, backend=backend, fullgraph=True)
+    xe, we = r(2, 4).requires_grad_(), cls(r(4, 3, seed=1))
+    xc, wc = r(2, 4).requires_grad_(), cls(r(4, 3, seed=1))
+    le = _bwd_program(xe, we)
+    try:
+        lc = compiled(xc, wc)
+    except Exception as exc:
+        assert refusal_kind(exc) is not None, repr(exc)
+        assert wc.bwd == 0
+        return
+    torch.testing.assert_close(plain(lc), plain(le))
+    for i in range(3):
+        le.backward(retain_graph=True)
+        lc.backward(retain_graph=True)
+        torch.testing.assert_close(xc.grad, xe.grad)
+        assert_same_picture(picture(we, "w"), picture(wc, "w"), f"backward {i + 1}")
+
+
+# =========================================================================== 6. shapes
+
+
+def _shape_make(call):
+    return [adv.ShapeRecorder(r(2 + call, 3, seed=call))]
+
+
+@both
+@pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic", "automatic"])
+def test_size_dependent_writes_with_changing_batch(backend, dynamic):
+    run(mul_add, lambda: _shape_make(0), backend=backend, fullgraph=True, dynamic=dynamic,
+        fresh=_shape_make, calls=4)
+
+
+@both
+@pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic", "automatic"])
+def test_size_dependent_writes_accumulate_on_one_input_across_batches(backend, dynamic):
+    """The same weight-like input x, activations of changing batch size: x.total_rows
+    accumulates a size-dependent int across calls."""
+
+    def f(a, x):
+        return x * a.sum() + a.sum()
+
+    def make():
+        return [r(2, 3), adv.ShapeRecorder(r(3, seed=5).reshape(1, 3))]
+
+    sizes = [2, 3, 5, 4]
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aot_eager" if backend == "aot_eager" else "eager",
+                             fullgraph=True, dynamic=dynamic)
+    xe, xc = make()[1], make()[1]
+    for call, n in enumerate(sizes):
+        a = r(n, 3, seed=call)
+        ye = f(a, xe)
+        yc = compiled(a, xc)
+        same_outputs(ye, yc, f"call {call + 1}")
+        assert_same_picture(picture(xe), picture(xc), f"call {call + 1}")
+
+
+# =========================================================================== 7. float8 training
+
+
+class Fp8MLP(torch.nn.Module):
+    def __init__(self, cls):
+        super().__init__()
+        self.w1 = torch.nn.Parameter(cls(r(4, 8, seed=1) * 0.5))
+        self.w2 = torch.nn.Parameter(cls(r(8, 2, seed=2) * 0.5))
+
+    def forward(self, x):
+        return torch.mm(torch.relu(torch.mm(x, self.w1)), self.w2)
+
+
+@both
+@fg
+@pytest.mark.parametrize("cls", [adv.Float8Weight, adv.Float8WeightInnerHist], ids=["hist_attr", "hist_inner"])
+def test_float8_training_loop(backend, fullgraph, cls):
+    torch._dynamo.reset()
+    me, mc = Fp8MLP(cls), Fp8MLP(cls)
+    oe = torch.optim.SGD(me.parameters(), lr=0.05, foreach=False)
+    oc = torch.optim.SGD(mc.parameters(), lr=0.05, foreach=False)
+    cm = torch.compile(mc, backend=backend, fullgraph=fullgraph)
+    for step in range(4):
+        x = r(3, 4, seed=100 + step)
+        target = r(3, 2, seed=200 + step)
+        before = {k: picture(v, k) for k, v in _param_objs(mc).items()}
+        le = torch.nn.functional.mse_loss(me(x), target)
+        try:
+            lc = torch.nn.functional.mse_loss(cm(x), target)
+        except Exception as exc:
+            kind = refusal_kind(exc)
+            assert kind is not None and fullgraph and step == 0, f"step {step + 1}: {exc!r}"
+            for k, v in _param_objs(mc).items():
+                assert_same_picture(before[k], picture(v, k), "refused but parameter touched")
+            return
+        torch.testing.assert_close(lc, le)
+        le.backward()
+        lc.backward()
+        for (n, pe), (_, pc) in zip(me.named_parameters(), mc.named_parameters()):
+            torch.testing.assert_close(plain(pc.grad), plain(pe.grad), msg=lambda m: f"{n}.grad: {m}")
+        oe.step()
+        oc.step()
+        oe.zero_grad(set_to_none=True)
+        oc.zero_grad(set_to_none=True)
+        assert_same_everywhere(_param_objs(me), _param_objs(mc), f"step {step + 1}")
+    assert me.w1.step == 4
+
+
+# =========================================================================== 8. self-aliasing flatten
+
+
+@both
+@fg
+def test_flatten_list_aliases_itself_toggle(backend, fullgraph):
+    """cache is elem at first (both in the flatten list); mul toggles alias <-> rounded copy."""
+
+    def f(x):
+        y = x * 3
+        return y, x.cache is x.elem
+
+    def between(call, args):
+        args[0].elem.add_(0.5)  # through the alias when cache is elem
+
+    run(f, lambda: [adv.AliasCacheTensor(r(5))], backend=backend, fullgraph=fullgraph, between=between)
+
+
+@both
+@fg
+def test_write_makes_inner_tensor_an_alias_of_another(backend, fullgraph):
+    def between(call, args):
+        args[0].elem.add_(1.0)  # must show through cache in both (same object)
+
+    run(mul_add, lambda: [adv.AliasWriteTensor(r(5))], backend=backend, fullgraph=fullgraph, between=between)
+
+
+# =========================================================================== 9. graph breaks
+
+
+@both
+def test_graph_break_between_two_writing_ops(backend):
+    def f(x):
+        y = x * 2
+        torch._dynamo.graph_break()
+        z = x + 1
+        return y * z, x.calls
+
+    run(f, lambda: [adv.TwoOpTensor(r(4))], backend=backend, fullgraph=False)
+
+
+@both
+def test_graph_break_then_read_written_state_in_user_code(backend):
+    def f(x):
+        y = x * 2
+        n = x.calls
+        torch._dynamo.graph_break()
+        if x.calls > 2:
+            y = y + x.last.sum()
+        return y + 1, n, x.trace
+
+    run(f, lambda: [adv.TwoOpTensor(r(4))], backend=backend, fullgraph=False)
+
+
+HISTORY = pytest.mark.parametrize(
+    "cls", [adv.HistoryListTensor, adv.HistoryListDictCounterTensor], ids=["n_in_ctx", "n_in_dict"]
+)
+
+
+@both
+@HISTORY
+def test_later_refused_write_becomes_graph_break(backend, cls):
+    """mul's writes are fine, sub's list write is refused; under fullgraph=False nothing
+    raises and every attribute ends as in eager, call after call."""
+
+    def f(x):
+        y = x * 2
+        z = x - 1  # refused op
+        return x * 3 + y + z, x.n
+
+    run(f, lambda: [cls(r(4))], backend=backend, fullgraph=False)
+
+
+@both
+@HISTORY
+def test_later_refused_write_fullgraph_is_refused_untouched(backend, cls):
+    def f(x):
+        y = x * 2
+        z = x - 1
+        return x * 3 + y + z
+
+    kind = run(f, lambda: [cls(r(4))], backend=backend, fullgraph=True)
+    assert kind == "mutable_value"
+
+
+def _refusing_helper(x):
+    return x - 1  # refused op, in a frame Dynamo inlines
+
+
+@both
+@HISTORY
+def test_later_refused_write_in_nested_frame_becomes_graph_break(backend, cls):
+    def f(x):
+        y = x * 2
+        z = _refusing_helper(x)
+        return x * 3 + y + z, x.n
+
+    run(f, lambda: [cls(r(4))], backend=backend, fullgraph=False)
+
+
+@both
+@fg
+def test_user_code_branches_on_state_written_by_dispatch(backend, fullgraph):
+    """A call-counting wrapper: user code reads the counter dispatch just wrote and branches."""
+
+    def f(x):
+        y = x * 2
+        if x.calls % 2 == 0:
+            y = y + 1
+        return y, x.calls
+
+    run(f, lambda: [adv.TwoOpTensor(r(4))], backend=backend, fullgraph=fullgraph, calls=4)
+
+
+@both
+@fg
+def test_same_input_passed_twice(backend, fullgraph):
+    """f(x, x): both parameters are one object; each op counts once on it, as in eager."""
+
+    def f(a, b):
+        return a * b + b * 3
+
+    def make():
+        x = adv.TwoOpTensor(r(4))
+        return [x, x]
+
+    run(f, make, backend=backend, fullgraph=fullgraph, calls=3)
+
+
+# =========================================================================== logging wrappers
+
+
+@both
+@fg
+def test_global_logging_wrapper(backend, fullgraph):
+    """A LoggingTensor-style wrapper appends to a module-level list in dispatch."""
+    torch._dynamo.reset()
+    compiled = torch.compile(mul_add, backend=backend, fullgraph=fullgraph)
+    adv.OP_LOG.clear()
+    try:
+        for _ in range(3):
+            mul_add(adv.GlobalLoggingTensor(r(4)))
+        eager_log = list(adv.OP_LOG)
+        adv.OP_LOG.clear()
+        x = adv.GlobalLoggingTensor(r(4))
+        for call in range(3):
+            try:
+                compiled(x)
+            except Exception as exc:
+                assert refusal_kind(exc) is not None and fullgraph and call == 0, repr(exc)
+                return
+        assert adv.OP_LOG == eager_log, f"eager log {eager_log} vs compiled {adv.OP_LOG}"
+    finally:
+        adv.OP_LOG.clear()
+
+
+@both
+@fg
+def test_instance_log_list_mutated_in_place(backend, fullgraph):
+    kind = run(mul_add, lambda: [adv.InstanceLogTensor(r(4))], backend=backend, fullgraph=fullgraph)
+    note(kind, ["in_place_mutation"])
+
+
+# =========================================================================== inductor
+
+
+@pytest.mark.inductor
+def test_inductor_float8_training_loop():
+    _float8_loop("inductor", adv.Float8Weight)
+
+
+def _float8_loop(backend, cls):
+    torch._dynamo.reset()
+    me, mc = Fp8MLP(cls), Fp8MLP(cls)
+    oe = torch.optim.SGD(me.parameters(), lr=0.05, foreach=False)
+    oc = torch.optim.SGD(mc.parameters(), lr=0.05, foreach=False)
+    cm = torch.compile(mc, backend=backend, fullgraph=True)
+    for step in range(3):
+        x = r(3, 4, seed=100 + step)
+        le = me(x).sum()
+        lc = cm(x).sum()
+        torch.testing.assert_close(plain(lc), plain(le))
+        le.backward()
+        lc.backward()
+        oe.step()
+        oc.step()
+        oe.zero_grad(set_to_none=True)
+        oc.zero_grad(set_to_none=True)
+        assert_same_everywhere(_param_objs(me), _param_objs(mc), f"step {step + 1}")
+
+
+@pytest.mark.inductor
+def test_inductor_quant_cache_version():
+    def f(x, w):
+        return torch.mm(x, w)
+
+    def between(call, args):
+        if call == 2:
+            args[1].elem.add_(1.0)
+
+    run(f, lambda: [r(2, 4), adv.VersionedQuantWeight(r(4, 3, seed=1))], backend="inductor", fullgraph=True,
+        between=between, calls=4)
