@@ -12,9 +12,12 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import threading
+import types
 from typing import Any, Callable, Iterable
 
 from .values import MISSING as _MISSING
+
+_PLAIN_CALLABLES = (types.FunctionType, type(object.__getattribute__), types.BuiltinFunctionType)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,11 +127,17 @@ class ClassHooks:
         return klass.__dict__.get(name, _MISSING)
 
     def _base(self, cls: type) -> Callable[[str], Any]:
+        """``base(name)``: a plain function ``(obj, *args)`` running what ``cls`` would run
+        for the special method ``name`` without the hooks."""
+
         def base(name: str) -> Any:
             for klass in cls.__mro__:
                 value = self.original(klass, name)
                 if value is not _MISSING:
-                    return value
+                    if type(value) in _PLAIN_CALLABLES:
+                        return value
+                    # Another descriptor (a partialmethod, say): bind it per call.
+                    return lambda obj, *args, _d=value: _d.__get__(obj, type(obj))(*args)
             raise AttributeError(name)
 
         return base

@@ -216,16 +216,15 @@ class Planner:
             t.settled.add(name)
             return getattr(t.obj, name)
         real = t.real
-        d = capture.obj_dict(real)
-        if name in d:
-            value = d[name]
-        else:
-            cls_attr = capture.class_attribute(type(real), name)
-            if cls_attr is MISSING or callable(cls_attr):
-                self.note_entry_read(t, name, MISSING)
-                t.set_answer(name, MISSING)
-                raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
-            value = cls_attr
+        held = t.traced_counterpart(name)
+        if held is not MISSING:
+            t.settled.add(name)
+            return held
+        value, origin = capture.eager_lookup(real, name)
+        if origin == "absent":
+            self.note_entry_read(t, name, MISSING)
+            t.set_answer(name, MISSING)
+            raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
         if isinstance(value, torch.Tensor):
             for inner in t.flatten_names:
                 if getattr(real, inner, None) is value:
@@ -335,7 +334,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
         if planner is not None:
             planner.keep_tracking(scope)
         if flat_outputs:
-            return (*out, *extras) if extras else out
+            return type(out)([*out, *extras]) if extras else out
         return out, tuple(extras)
 
     return traced_call
@@ -447,8 +446,8 @@ def make_tree_flattened_fn_hook(original: Callable[..., Any]) -> Callable[..., A
         if _caller_is("aot_function"):
             planner = Planner(leaves, handoff.received(), epilogue=True)
             _PENDING.set(planner)
-            return tracing_pass(flat_fn, planner, flat_outputs=False), out_spec
-        return tracing_pass(flat_fn, None, flat_outputs=False), out_spec  # export: refused
+            return tracing_pass(flat_fn, planner, flat_outputs=True), out_spec
+        return tracing_pass(flat_fn, None, flat_outputs=True), out_spec  # export: refused
 
     return create_tree_flattened_fn
 

@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 from . import _patches
-from .values import MISSING, PLAIN_MUTABLE, TORCH_INTERNAL_ATTRS, contains_tensor, user_state
+from .values import MISSING, PLAIN_MUTABLE, TORCH_INTERNAL_ATTRS, contains_symbolic, contains_tensor, user_state
 
 _local = threading.local()
 
@@ -163,6 +163,9 @@ class Write:
     in_place: bool = False  # an existing container was mutated, not rebound
 
 
+_COMPUTING: Any = object()
+
+
 class Tracked:
     """One object a scope can reach.
 
@@ -174,7 +177,7 @@ class Tracked:
 
     __slots__ = (
         "obj", "real", "data", "flatten_names", "entry", "entry_containers", "expected",
-        "containers", "settled", "absent", "written", "dict_complete",
+        "containers", "settled", "absent", "written", "dict_complete", "_inner_ids",
     )
 
     def __init__(self, obj: Any, real: Any, data: Any = None) -> None:
@@ -192,6 +195,29 @@ class Tracked:
         self.absent: set[str] = set()  # names answered "absent"
         self.written: set[str] = set()
         self.dict_complete = False
+        self._inner_ids: frozenset[int] | None = None
+
+    def traced_counterpart(self, name: str) -> Any:
+        """The traced object's own value of ``name`` if fakification made it from the real
+        object's (it holds SymInts, or tensors that are all the traced object's inner
+        tensors: NestedTensor's metadata cache and sizes), else MISSING."""
+        held = obj_dict(self.obj).get(name, MISSING)
+        if held is MISSING or not (contains_tensor(held) or contains_symbolic(held)):
+            return MISSING
+        if self._inner_ids is _COMPUTING:
+            return held  # read by a flatten-name property while its value is looked up
+        if self._inner_ids is None:
+            # Flatten names may be properties (NestedTensor's metadata tensors) whose code
+            # reads the very attributes being checked.
+            self._inner_ids = _COMPUTING
+            try:
+                self._inner_ids = frozenset(id(getattr(self.obj, n, None)) for n in self.flatten_names)
+            except BaseException:
+                self._inner_ids = None
+                raise
+        if all(id(x) in self._inner_ids for x in _tensors_in(held)):
+            return held
+        return MISSING
 
     @property
     def shared(self) -> bool:
@@ -216,6 +242,18 @@ class Tracked:
         self.settled.add(name)
 
 
+def _tensors_in(value: Any, depth: int = 0) -> list[Any]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth > 4:
+        return []
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [t for v in value for t in _tensors_in(v, depth + 1)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors_in(v, depth + 1)]
+    return []
+
+
 def _flatten_names(obj: Any) -> list[str]:
     flatten = getattr(type(obj), "__tensor_flatten__", None)
     if flatten is None or not isinstance(obj, torch.Tensor):
@@ -235,6 +273,18 @@ class Answerer(Protocol):
 
 # How a read of a name is served, decided from the class (cached per class and name).
 _PASS, _STATE = "pass", "state"
+
+
+def eager_lookup(real: Any, name: str) -> tuple[Any, str]:
+    """``real.name`` as eager's standard lookup finds it: ``(value, "dict" | "class" | "absent")``.
+    An attribute found in neither is left to the user's ``__getattr__``, run on the traced object."""
+    d = obj_dict(real)
+    if name in d:
+        return d[name], "dict"
+    cls_attr = class_attribute(type(real), name)
+    if cls_attr is MISSING or callable(cls_attr):
+        return MISSING, "absent"
+    return cls_attr, "class"
 
 
 def _is_data_descriptor(value: Any) -> bool:
@@ -302,6 +352,10 @@ class Scope:
     def active(self) -> Iterator["Scope"]:
         """Interpose on the tracked objects' attribute access for the block (this thread)."""
         previous = current()
+        for t in self.tracked.values():
+            # Whatever changed since the last block was torch's doing (Dynamo between
+            # two ops), not the traced code's: only changes inside a block are writes.
+            t.expected = dict(user_state(obj_dict(t.obj)))
         classes = {type(t.obj) for t in self.tracked.values()} | set(_REGISTERED)
         handle = _patches.CLASS_HOOKS.install(classes, _make_hooks)
         _local.scope = self

@@ -176,7 +176,11 @@ class FrameState:
         """See Note [Reads are answered from the real object] (capture.py)."""
         ref: Ref | None = t.data
         real = t.real
-        value, origin = _eager_lookup(real, name)
+        held = t.traced_counterpart(name)
+        if held is not MISSING:
+            t.settled.add(name)
+            return held
+        value, origin = capture.eager_lookup(real, name)
         if origin == "absent":
             if ref is not None and ref.source is not None and not t.shared:
                 _guard_absent(ref.source, name)
@@ -233,6 +237,11 @@ class FrameState:
         from torch._dynamo.variables.builder import VariableBuilder
         from torch._dynamo.variables.lazy import LazyVariableTracker
 
+        if not t.shared and _in_flatten_ctx(t.real, name):
+            # AOTAutograd bakes a subclass's ctx into the graph (and into outputs built
+            # from it): a value it carries stays a guarded constant.
+            _guard_constant(self.tx, source, value)
+            return value
         vt = LazyVariableTracker.realize_all(VariableBuilder(self.tx, source, allow_lazy_constant=False)(value))
         if isinstance(vt, ConstantVariable):
             return value
@@ -245,6 +254,8 @@ class FrameState:
 
     def _insert_seed(self, ref: Ref, name: str, value: Any) -> None:
         assert self._node is not None
+        if isinstance(value, torch.fx.Node):
+            _move_before(self._node, value)
         with self._node.graph.inserting_before(self._node):
             seed = self._node.graph.call_function(handoff.seed_attr, (ref.node, ref.path, name, value))
         seed.meta["example_value"] = None
@@ -256,7 +267,7 @@ class FrameState:
         from torch._dynamo.variables.lazy import LazyVariableTracker
 
         ref: Ref = t.data
-        value, _ = _eager_lookup(t.real, name)
+        value, _ = capture.eager_lookup(t.real, name)
         if self._in_hop():
             _refuse_read(t, name, value, "tensor attribute read inside a higher-order op body")
         vt = LazyVariableTracker.realize_all(VariableBuilder(self.tx, AttrSource(ref.source, name))(value))
@@ -277,8 +288,8 @@ class FrameState:
         tx = self.tx
         for w in writes:  # refuse before recording anything
             t: Tracked = w.tracked
-            if t.real is not None and not t.shared and t.data is None:
-                continue
+            if not config.dynamo_layer:
+                break  # the AOTAutograd layer alone decides
             bad = refusal_for(w.value, w.old, w.in_place)
             if bad is not None:
                 _refuse(bad[0], t, w.name, bad[1])
@@ -347,6 +358,30 @@ class FrameState:
         return wrap_fx_proxy(self.tx, proxy)
 
 
+def _move_before(anchor: torch.fx.Node, value: torch.fx.Node) -> None:
+    """Move ``value`` and what it depends on above ``anchor``: a value Dynamo built while
+    ``anchor``'s op was being propagated (``item()`` of an unspecialized float, say) was
+    appended after it, and the seed that uses it goes before it."""
+    after: set[torch.fx.Node] = set()
+    cur = anchor.next
+    while cur.op != "root":
+        after.add(cur)
+        cur = cur.next
+    if value not in after:
+        return
+    order: list[torch.fx.Node] = []
+
+    def visit(n: torch.fx.Node) -> None:
+        if n in after and n not in order:
+            for dep in n.all_input_nodes:
+                visit(dep)
+            order.append(n)
+
+    visit(value)
+    for n in order:
+        anchor.prepend(n)
+
+
 def _proxy_of(tx: Any, ref: Ref) -> Any:
     if ref.vt is not None and ref.path == ():
         return ref.vt.as_proxy()
@@ -373,16 +408,39 @@ def frame_state(tx: Any) -> FrameState:
     return state
 
 
-def _eager_lookup(real: Any, name: str) -> tuple[Any, str]:
-    """``real.name`` as eager's standard lookup finds it: ``(value, "dict" | "class" | "absent")``.
-    An attribute found in neither is left to the user's ``__getattr__``, run on the traced object."""
+class _Probe:
+    pass
+
+
+def _holds(value: Any, probe: Any, depth: int = 0) -> bool:
+    if value is probe:
+        return True
+    if depth > 4:
+        return False
+    if isinstance(value, (tuple, list)):
+        return any(_holds(v, probe, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return any(_holds(v, probe, depth + 1) for v in value.values())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(_holds(getattr(value, f.name, None), probe, depth + 1) for f in dataclasses.fields(value))
+    return False
+
+
+def _in_flatten_ctx(real: Any, name: str) -> bool:
+    """Whether ``real.__tensor_flatten__()`` carries attribute ``name`` in its ctx: flatten
+    once with the attribute set to a probe object and look for the probe."""
     d = capture.obj_dict(real)
-    if name in d:
-        return d[name], "dict"
-    cls_attr = capture.class_attribute(type(real), name)
-    if cls_attr is MISSING or callable(cls_attr):
-        return MISSING, "absent"
-    return cls_attr, "class"
+    if not hasattr(type(real), "__tensor_flatten__") or name not in d:
+        return False
+    old, probe = d[name], _Probe()
+    d[name] = probe
+    try:
+        _, ctx = real.__tensor_flatten__()
+        return _holds(ctx, probe)
+    except Exception:
+        return True  # flatten needs the real value: treat it as part of the ctx
+    finally:
+        d[name] = old
 
 
 # --------------------------------------------------------------------------- #

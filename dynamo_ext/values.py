@@ -69,10 +69,27 @@ GRAPH_VALUE_TYPES = (torch.Tensor, *SYMBOLIC_TYPES)
 # strides (NestedTensor): a capsule and its length, written and read by torch itself
 # (torch/csrc/PyInterpreter.cpp). Not the subclass's state: never answered, recorded,
 # seeded or restored; copying the length without the capsule aborts the process.
+# torch.Tensor's own Python-level bookkeeping (hooks, Dynamo's markers) lives in the
+# instance dict too and is torch's business.
 TORCH_INTERNAL_ATTRS = frozenset(
     name + suffix
     for name in ("_sizes_capsule", "_strides_capsule", "_sym_sizes_capsule", "_sym_strides_capsule")
     for suffix in ("", "_len")
+) | frozenset(
+    (
+        "_backward_hooks",
+        "_post_accumulate_grad_hooks",
+        "_dynamo_static_input_type",
+        "_dynamo_weak_static_address",
+        "_dynamo_dynamic_indices",
+        "_dynamo_dynamic_range",
+        "_dynamo_unbacked_indices",
+        "_dynamo_shape_ids",
+        "_dynamo_strict_unbacked_indices",
+        "_dynamo_marked_static",
+        "_dynamo_propagated_dynamic_indices",
+        "_dynamo_tag",
+    )
 )
 
 

@@ -10,7 +10,7 @@
   ``torch.cat``, or updated in place in the existing tensor.
 - ``CountingParam``: a parameter that counts the in-place updates applied to it
   (``add_``, ``mul_``, ``addcdiv_``, ``lerp_``, ``_foreach_*_`` ...) in ``n_updates`` and
-  remembers the last update's name and the norm of the weight after it.
+  remembers the last update's op name in ``last_update``.
 - ``Int8Weight``: int8 data + per-row scale; dispatch dequantizes and caches the dequantized
   weight in ``_dq_cache`` keyed by ``_dq_version`` (the int8 tensor's ``_version``).
 """
@@ -43,6 +43,7 @@ class AmaxWeightBase(torch.Tensor):
     HIST_IN_FLATTEN = False
     STEP_IN_CTX = False
     UPDATE = "roll"  # "roll" | "cat" | "inplace"
+    DELAYED = False  # delayed scaling: the op uses a scale derived from the history so far
 
     @staticmethod
     def __new__(cls, data, amax_history=None, step=None, **_):
@@ -93,18 +94,30 @@ class AmaxWeightBase(torch.Tensor):
             self.amax_history[0] = amax
         self.step = self.step + 1
 
+    def _fake_quantized(self) -> torch.Tensor:
+        """The weight as the op uses it under delayed scaling: scaled by the amax history
+        recorded so far (before this op's record), rounded on a coarse grid, unscaled."""
+        w_amax = self.amax_history[:, 1].max().clamp(min=1e-4)
+        scale = 8.0 / w_amax
+        return torch.round(self._data * scale) / scale
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        used = {}
         if func in _MATMULS:
             ws = [a for a in args if isinstance(a, AmaxWeightBase)]
             acts = [a for a in args if isinstance(a, torch.Tensor) and not isinstance(a, AmaxWeightBase)]
             for w in ws:
+                if w.DELAYED and w.step > 0:
+                    used[id(w)] = w._fake_quantized()
                 w._record(acts[-1] if acts else w._data)
         if func in _ALIASING:
             self = args[0]
             return type(self)(func(self._data), **self._state_kwargs())
-        unwrapped_args = tree_map(lambda t: t._data if isinstance(t, AmaxWeightBase) else t, args)
+        unwrapped_args = tree_map(
+            lambda t: used.get(id(t), t._data) if isinstance(t, AmaxWeightBase) else t, args
+        )
         unwrapped_kwargs = tree_map(lambda t: t._data if isinstance(t, AmaxWeightBase) else t, kwargs)
         out = func(*unwrapped_args, **unwrapped_kwargs)
         if _is_inplace(func) and args and isinstance(args[0], AmaxWeightBase):
@@ -112,10 +125,10 @@ class AmaxWeightBase(torch.Tensor):
         return out
 
 
-def _variant(name, hist_in_flatten, step_in_ctx, update):
+def _variant(name, hist_in_flatten, step_in_ctx, update, delayed=False):
     return type(name, (AmaxWeightBase,), {
         "HIST_IN_FLATTEN": hist_in_flatten, "STEP_IN_CTX": step_in_ctx, "UPDATE": update,
-        "__module__": __name__,
+        "DELAYED": delayed, "__module__": __name__,
     })
 
 
@@ -127,11 +140,14 @@ AmaxDictDictCat = _variant("AmaxDictDictCat", False, False, "cat")
 AmaxFlatDictCat = _variant("AmaxFlatDictCat", True, False, "cat")
 AmaxDictInplace = _variant("AmaxDictInplace", False, False, "inplace")
 AmaxFlatInplace = _variant("AmaxFlatInplace", True, False, "inplace")
+# delayed scaling: outputs depend on the history earlier steps wrote
+AmaxDelayedDict = _variant("AmaxDelayedDict", False, False, "roll", delayed=True)
+AmaxDelayedFlat = _variant("AmaxDelayedFlat", True, False, "cat", delayed=True)
 
 AMAX_VARIANTS = {
     c.__name__: c
     for c in (AmaxDictDict, AmaxDictCtx, AmaxFlatDict, AmaxFlatCtx, AmaxDictDictCat, AmaxFlatDictCat,
-              AmaxDictInplace, AmaxFlatInplace)
+              AmaxDictInplace, AmaxFlatInplace, AmaxDelayedDict, AmaxDelayedFlat)
 }
 
 
@@ -151,6 +167,19 @@ class Float8StyleLinear(torch.nn.Module):
         return torch.matmul(x, self.weight) + self.bias
 
 
+class Float8TiedMLP(torch.nn.Module):
+    """One square float8-style layer applied twice per forward: two records per step on the
+    same parameter in one graph."""
+
+    def __init__(self, cls, d=6, d_out=3):
+        super().__init__()
+        self.fc = Float8StyleLinear(cls, d, d, use="mm")
+        self.head = torch.nn.Linear(d, d_out)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.fc(torch.relu(self.fc(x)))))
+
+
 class Float8MLP(torch.nn.Module):
     def __init__(self, cls, d_in=6, d_hidden=8, d_out=3):
         super().__init__()
@@ -164,7 +193,7 @@ class Float8MLP(torch.nn.Module):
 # --------------------------------------------------------------------------- update counting
 class CountingParam(torch.Tensor):
     """Counts in-place updates applied to it (the optimizer's), in ``n_updates`` (ctx or
-    ``__dict__``, per class), and the last update's op name in ``last_update``."""
+    ``__dict__``, per class), and the last update's op (overload packet) in ``last_update``."""
 
     COUNT_IN_CTX = False
 
@@ -211,7 +240,9 @@ class CountingParam(torch.Tensor):
             targets = [t for t in (first if isinstance(first, (list, tuple)) else [first]) if isinstance(t, CountingParam)]
             for t in targets:
                 t.n_updates = t.n_updates + 1
-                t.last_update = func.__name__
+                # the op's name without the overload: a compiled optimizer may pick another
+                # overload of the same op (torch's choice, not a state question)
+                t.last_update = func.overloadpacket.__name__
             if isinstance(first, CountingParam):
                 return first
         return out

@@ -11,7 +11,6 @@ may raise that eager does not raise.
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any, Callable, Sequence
 
@@ -52,10 +51,6 @@ def refusal_kind(exc: BaseException) -> str | None:
                     return k.value
         todo += [getattr(e, "inner_exception", None), e.__cause__, e.__context__]
     return None
-
-
-class Refused(Exception):
-    """Raised by ``run`` when the accepted refusal happened (carries the kind)."""
 
 
 _SKIP_ATTRS = ("_dynamo",)
@@ -156,9 +151,19 @@ def assert_same_everywhere(e_objs: dict[str, Any], c_objs: dict[str, Any], where
     assert not diffs, f"{where}: state differs from eager: " + "; ".join(diffs)
     for name in e_objs:
         e, c = e_objs[name], c_objs[name]
-        if isinstance(e, torch.Tensor) and is_traceable_wrapper_subclass(e):
+        if isinstance(e, torch.Tensor) and is_traceable_wrapper_subclass(e) and _harness_comparable(e):
             assert_same_state(e, c, f"{where} {name}")
         assert not leaked_fakes(c, name, 0 if isinstance(c, torch.Tensor) else 1), f"{where} {name}: leaked fakes"
+
+
+def _harness_comparable(t: torch.Tensor) -> bool:
+    """harness.attr_state compares non-tensor attributes with ==; a holder object without
+    __eq__ (compared by identity) is never equal to its twin on the other side, so those
+    subclasses are compared by ``picture`` (which walks the holder) only."""
+    for v in vars(t).values():
+        if not isinstance(v, torch.Tensor) and hasattr(v, "__dict__") and type(v).__eq__ is object.__eq__:
+            return False
+    return True
 
 
 def same_outputs(e_out: Any, c_out: Any, where: str, state: bool = True) -> None:
@@ -166,7 +171,8 @@ def same_outputs(e_out: Any, c_out: Any, where: str, state: bool = True) -> None
     values only (for subclasses whose __tensor_unflatten__ adds attributes to every instance
     it builds: AOTAutograd builds compiled outputs with it, stock behaviour)."""
     try:
-        if state:
+        if state and all(_harness_comparable(t) for t in torch.utils._pytree.tree_leaves(e_out)
+                         if isinstance(t, torch.Tensor) and is_traceable_wrapper_subclass(t)):
             assert_same_outputs(e_out, c_out)
         else:
             e_flat, c_flat = torch.utils._pytree.tree_leaves(e_out), torch.utils._pytree.tree_leaves(c_out)
@@ -360,6 +366,37 @@ def test_class_level_scale_default_decayed_per_call(backend, fullgraph):
     run(mul_add, lambda: [adv.ClassDefaultScaleTensor(r(5))], backend=backend, fullgraph=fullgraph)
 
 
+@both
+@fg
+def test_user_invalidates_and_replaces_probed_cache(backend, fullgraph):
+    """The user deletes the cache before call 2 (rebuild expected), sets their own before
+    call 3, and sets it to None before call 4: presence and value must be noticed."""
+
+    def between(call, args):
+        x = args[0]
+        x.elem.add_(0.5)
+        if call == 1:
+            del x.cache
+        elif call == 2:
+            x.cache = torch.full_like(x.elem, 3.0)
+        elif call == 3:
+            x.cache = None
+
+    run(mul_add, lambda: [adv.ProbeCacheTensor(r(5))], backend=backend, fullgraph=fullgraph, between=between)
+
+
+@both
+@fg
+def test_user_resets_ctx_counter_between_calls(backend, fullgraph):
+    def between(call, args):
+        if call == 2:
+            args[0].calls = 0
+            args[0].trace = ()
+
+    run(lambda x: (x * 2 + 1, x.calls), lambda: [adv.TwoOpTensor(r(4))], backend=backend, fullgraph=fullgraph,
+        between=between)
+
+
 # =========================================================================== 2. __getattr__
 
 
@@ -471,8 +508,6 @@ def test_closure_variables_read_by_dispatch(backend, fullgraph):
 def test_writes_equal_to_old_values(backend, fullgraph):
     """True over True, 1.0 over int 1, 1 over True, -0.0 over 0.0, an equal tensor, the same
     dtype: types, signs and tensor identity must end as in eager."""
-    objs: dict[str, list] = {"e": [], "c": []}
-
     def make():
         return [adv.SameValueTensor(r(4))]
 
@@ -634,6 +669,32 @@ def test_registered_ctx_state_shared_by_two_inputs(backend, fullgraph, cls):
 
     run(f, make, backend=backend, fullgraph=fullgraph, between=between,
         extra=lambda a: {"stats": a[0].stats})
+
+
+@both
+@pytest.mark.parametrize("cls", [adv.StatsTensor, adv.TupleCtxStatsTensor], ids=["ctx_object", "ctx_tuple"])
+def test_registered_ctx_state_identity_on_outputs(backend, cls):
+    """In eager the output of ``x * 2`` shares x's LayerStats object (dispatch passes it on),
+    so a later eager op on the output counts on the same holder."""
+
+    def f(x):
+        return x * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    xe, xc = cls(r(4), adv.LayerStats()), cls(r(4), adv.LayerStats())
+    ye = f(xe)
+    try:
+        yc = compiled(xc)
+    except Exception as exc:
+        assert refusal_kind(exc) is not None, repr(exc)
+        assert xc.stats.count == 0
+        return
+    assert ye.stats is xe.stats
+    assert yc.stats is xc.stats, "the compiled output carries another holder than its input"
+    ye * 3
+    yc * 3
+    assert_same_picture(picture(xe.stats, "stats"), picture(xc.stats, "stats"), "after an eager op on the output")
 
 
 @both
@@ -827,6 +888,13 @@ def test_graph_break_then_read_written_state_in_user_code(backend):
     run(f, lambda: [adv.TwoOpTensor(r(4))], backend=backend, fullgraph=False)
 
 
+def _history_output_state(cls):
+    """With ``n`` outside the ctx, outputs AOTAutograd rebuilds with __tensor_unflatten__
+    carry n=0 (stock behaviour for non-ctx state on outputs): compare outputs by value then;
+    the input's n is compared (and returned as a plain output)."""
+    return cls is adv.HistoryListTensor
+
+
 HISTORY = pytest.mark.parametrize(
     "cls", [adv.HistoryListTensor, adv.HistoryListDictCounterTensor], ids=["n_in_ctx", "n_in_dict"]
 )
@@ -843,7 +911,7 @@ def test_later_refused_write_becomes_graph_break(backend, cls):
         z = x - 1  # refused op
         return x * 3 + y + z, x.n
 
-    run(f, lambda: [cls(r(4))], backend=backend, fullgraph=False)
+    run(f, lambda: [cls(r(4))], backend=backend, fullgraph=False, output_state=_history_output_state(cls))
 
 
 @both
@@ -870,7 +938,7 @@ def test_later_refused_write_in_nested_frame_becomes_graph_break(backend, cls):
         z = _refusing_helper(x)
         return x * 3 + y + z, x.n
 
-    run(f, lambda: [cls(r(4))], backend=backend, fullgraph=False)
+    run(f, lambda: [cls(r(4))], backend=backend, fullgraph=False, output_state=_history_output_state(cls))
 
 
 @both
@@ -941,7 +1009,12 @@ def test_instance_log_list_mutated_in_place(backend, fullgraph):
 
 @pytest.mark.inductor
 def test_inductor_float8_training_loop():
-    _float8_loop("inductor", adv.Float8Weight)
+    """The float8 loop (history as an inner tensor) with inductor. Inductor drops the
+    fp32->bf16->fp32 round trip of the fake quantization unless told to emulate it; without
+    that, losses differ by ~1e-3 for numerical reasons only (checked), hence the patch
+    (a config.patch context manager, undone on exit)."""
+    with torch._inductor.config.patch(emulate_precision_casts=True):
+        _float8_loop("inductor", adv.Float8WeightInnerHist)
 
 
 def _float8_loop(backend, cls):
@@ -953,7 +1026,11 @@ def _float8_loop(backend, cls):
     for step in range(3):
         x = r(3, 4, seed=100 + step)
         le = me(x).sum()
-        lc = cm(x).sum()
+        try:
+            lc = cm(x).sum()
+        except Exception as exc:
+            assert refusal_kind(exc) is not None and step == 0, f"step {step + 1}: {exc!r}"
+            return
         torch.testing.assert_close(plain(lc), plain(le))
         le.backward()
         lc.backward()

@@ -87,5 +87,6 @@ def test_scope_counts_an_object_built_during_it_as_constructed():
     assert [(w.name, w.old, w.value) for w in scope.net_writes(scope.settle())] == [("calls", 5, 6)]
     scope.restore()
     assert vars(h) == {"calls": 5}  # as constructed, not stripped
-    for cls in (Empty, Holder):  # hooks removed
-        assert not {"__init__", "__setattr__", "__getattribute__"} & set(vars(cls))
+    assert not {"__init__", "__setattr__", "__getattribute__"} & set(vars(Empty))  # hooks removed
+    assert not {"__setattr__", "__getattribute__"} & set(vars(Holder))
+    assert vars(Holder)["__init__"].__qualname__ == "Holder.__init__"
