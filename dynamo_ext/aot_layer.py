@@ -318,8 +318,11 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                 else:
                     scope.track(a, None, _Where(i, ()))
         try:
-            with scope.active():
-                out = fn(*args, **kwargs)
+            try:
+                with scope.active():
+                    out = fn(*args, **kwargs)
+            except capture.FlattenMismatch as bad:
+                raise SubclassWriteError(RefusalKind.FLATTEN_ROUND_TRIP, bad.tracked.cls_name, bad.name, "Tensor") from None
             writes = scope.settle()
             _refuse_inner_metadata_mutation(scope)
             net = scope.net_writes(writes)

@@ -301,9 +301,39 @@ def class_attribute(cls: type, name: str) -> Any:
     return MISSING
 
 
+class FlattenMismatch(BaseException):
+    """The traced instance does not hold an inner tensor the real object flattens to
+    (its ``__tensor_unflatten__`` drops it): the trace would not see the input's state.
+    A BaseException, so neither the subclass's ``except Exception`` nor Dynamo's error
+    wrapping swallows it."""
+
+    def __init__(self, tracked: Tracked, name: str) -> None:
+        super().__init__(name)
+        self.tracked = tracked
+        self.name = name
+
+
+def check_inner(t: Tracked, name: str, get: Callable[[Any, str], Any]) -> None:
+    """Inner tensors are the traced instance's own, if it has them (See FlattenMismatch)."""
+    if t.real is None or t.shared:
+        return
+    try:
+        real_value = get(t.real, name)
+    except AttributeError:
+        return
+    if not isinstance(real_value, torch.Tensor):
+        return
+    try:
+        traced_value = get(t.obj, name)
+    except AttributeError:
+        traced_value = None
+    if not isinstance(traced_value, torch.Tensor):
+        raise FlattenMismatch(t, name)
+
+
 def _where(t: Tracked, name: str) -> str:
-    if name in t.flatten_names or name in TORCH_INTERNAL_ATTRS:
-        return _PASS  # inner tensors are the traced instance's own; torch's caches its own
+    if name in TORCH_INTERNAL_ATTRS:
+        return _PASS  # torch's caches: its own
     cls_attr = class_attribute(type(t.obj), name)
     if cls_attr is not MISSING and _is_data_descriptor(cls_attr):
         return _PASS  # properties and tensor metadata: their code reads through the hooks
@@ -380,6 +410,10 @@ class Scope:
             return get(t.obj, name)
         if name in t.absent:
             raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
+        if name in t.flatten_names:
+            check_inner(t, name, get)
+            t.settled.add(name)
+            return get(t.obj, name)
         if _where(t, name) is _PASS:
             t.settled.add(name)
             return get(t.obj, name)

@@ -620,6 +620,9 @@ def _propagate(state: FrameState, node: torch.fx.Node, tx: Any, original: Callab
             except _Refused as bad:
                 checkpoint.rollback()
                 _graph_break(*bad.args_)
+            except capture.FlattenMismatch as bad:
+                checkpoint.rollback()
+                _graph_break(RefusalKind.FLATTEN_ROUND_TRIP, bad.tracked, bad.name, "Tensor", "")
             except BaseException:
                 checkpoint.rollback()
                 raise

@@ -28,6 +28,7 @@ class RefusalKind(str, enum.Enum):
     INNER_METADATA_MUTATION = "inner_metadata_mutation"
     STALE_PLAN = "stale_plan"
     INCONSISTENT_PASSES = "inconsistent_passes"
+    FLATTEN_ROUND_TRIP = "flatten_round_trip"
 
     @property
     def gb_type(self) -> str:
@@ -172,6 +173,16 @@ REFUSALS: dict[RefusalKind, Refusal] = {
             "between passes (or from what Dynamo recorded), so there is no single write to replay.",
             ("Make the write depend only on the subclass's state and the op's inputs, not on the traced tensor types.",),
             "AOTAutograd",
+        ),
+        Refusal(
+            RefusalKind.FLATTEN_ROUND_TRIP,
+            "Dispatch read an inner tensor that __tensor_unflatten__ does not restore.",
+            "torch.compile traces the op on an instance rebuilt with __tensor_flatten__ / "
+            "__tensor_unflatten__; that instance lacks this inner tensor the input flattens to, "
+            "so the traced op would not see the input's state.",
+            ("Make __tensor_unflatten__ restore every inner tensor __tensor_flatten__ returns.",),
+            "both",
+            what=_READ,
         ),
     ]
 }

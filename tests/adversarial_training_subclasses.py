@@ -317,7 +317,3 @@ class Int8WeightNoVersion(Int8Weight):
         self._dq_cache = dq
         self._dq_version = version
         return dq
-
-    @classmethod
-    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
-        return cls(inner["qdata"], inner["scale"])

@@ -56,7 +56,7 @@ def test_tensor_write_becomes_graph_output():
     torch.compile(mul3, backend=backend, fullgraph=True)(S.CachingTensor(torch.arange(4.0)))
     (gm,) = graphs
     reads = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is read_attr]
-    assert len(reads) == 1 and reads[0].args[1] == "cache"
+    assert len(reads) == 1 and reads[0].args[2] == "cache"
     output = next(n for n in gm.graph.nodes if n.op == "output")
     assert reads[0] in output.args[0]
 

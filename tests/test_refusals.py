@@ -26,7 +26,6 @@ REFUSED = [
     (S.OpaqueWriter, {}, mul3, RefusalKind.OPAQUE_VALUE, "handle"),
     (S.RealTensorWriter, {}, mul3, RefusalKind.OPAQUE_VALUE, "borrowed"),
     (S.DeleteWriter, {"cache": 1}, mul3, RefusalKind.DELETED_ATTRIBUTE, "cache"),
-    (S.DirectDictReader, {"seen": 1}, mul3, RefusalKind.UNSUPPORTED_STATE_READ, "seen"),
     (S.CounterTensor, {}, in_checkpoint, RefusalKind.WRITE_IN_HOP, "tag"),
 ]
 

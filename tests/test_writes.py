@@ -89,6 +89,9 @@ CASES = [
     # writes on a returned intermediate: Dynamo's residual bytecode sets them on the output
     Case("write_on_returned_intermediate", write_on_intermediate, one(S.MarkOnAdd), calls=2, frames=1),
     Case("size_and_sized_tensor", mul3, one(S.ShapeRecorder), calls=2, frames=1),
+    # dispatch reads __dict__ itself: every entry eager would find there is answered and
+    # guarded; the int counter becomes a symbolic input after its first change
+    Case("dict_read_directly", mul3, one(S.DirectDictReader, seen=1), calls=3, frames=2),
 ]
 
 
