@@ -83,6 +83,7 @@ def disable() -> None:
     with _compile_lock():
         _PATCHES.undo()
         _patches.CLASS_HOOKS.remove_all()
+        _patches.VERSION_HOOKS.remove_all()
         _patches.CODE_MARKS.release_all()
 
 

@@ -121,10 +121,7 @@ class ClassHooks:
         self._saved: dict[type, dict[str, Any]] = {}  # class -> name -> its own value (or MISSING)
 
     def original(self, klass: type, name: str) -> Any:
-        saved = self._saved.get(klass)
-        if saved is not None and name in saved:
-            return saved[name]
-        return klass.__dict__.get(name, _MISSING)
+        return original_attribute(klass, name)
 
     def _base(self, cls: type) -> Callable[[str], Any]:
         """``base(name)``: a plain function ``(obj, *args)`` running what ``cls`` would run
@@ -184,8 +181,11 @@ class ClassHooks:
             return list(self._count)
 
 
-#: The one registry of class hooks (``dynamo_ext.disable()`` removes them all).
+#: The registries of class hooks (``dynamo_ext.disable()`` removes them all): attribute
+#: access on traced objects, and ``_version`` on trace tensors (a second registry because
+#: a class can carry both).
 CLASS_HOOKS = ClassHooks()
+VERSION_HOOKS = ClassHooks()
 
 
 class CodeMarks:
@@ -224,3 +224,12 @@ class CodeMarks:
 
 #: The one registry of code marks.
 CODE_MARKS = CodeMarks()
+
+
+def original_attribute(klass: type, name: str) -> Any:
+    """What ``klass`` itself defines as ``name``, ignoring every dynamo_ext hook (MISSING if nothing)."""
+    for registry in (CLASS_HOOKS, VERSION_HOOKS):
+        saved = registry._saved.get(klass)
+        if saved is not None and name in saved:
+            return saved[name]
+    return klass.__dict__.get(name, _MISSING)

@@ -216,6 +216,9 @@ class Planner:
             t.settled.add(name)
             return getattr(t.obj, name)
         real = t.real
+        if name == "_version":
+            self.note_entry_read(t, name, real._version)
+            return real._version
         held = t.traced_counterpart(name)
         if held is not MISSING:
             t.settled.add(name)
@@ -294,8 +297,13 @@ def _track_tree(scope: Scope, obj: Any, real: Any, where: _Where) -> None:
     t = scope.track(obj, real, where)
     for name in t.flatten_names:
         inner, inner_real = getattr(obj, name, None), getattr(real, name, None)
+        if not isinstance(inner, torch.Tensor) or not isinstance(inner_real, torch.Tensor):
+            continue
+        inner_where = _Where(where.index, where.path + (("attr", name),))
         if _is_subclass(inner) and _is_subclass(inner_real):
-            _track_tree(scope, inner, inner_real, _Where(where.index, where.path + (("attr", name),)))
+            _track_tree(scope, inner, inner_real, inner_where)
+        elif scope.lookup(inner) is None:
+            scope.track(inner, inner_real, inner_where, plain_inner=True)
 
 
 def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: bool) -> Callable[..., Any]:

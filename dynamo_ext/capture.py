@@ -63,10 +63,16 @@ def obj_dict(obj: Any) -> dict:
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
+_OWN_DIR = os.path.dirname(__file__)
 
 
 def _called_from_torch(depth: int) -> bool:
     return sys._getframe(depth).f_code.co_filename.startswith(_TORCH_DIR)
+
+
+def _called_from_user(depth: int) -> bool:
+    name = sys._getframe(depth).f_code.co_filename
+    return not (name.startswith(_TORCH_DIR) or name.startswith(_OWN_DIR))
 
 
 def current() -> "Scope | None":
@@ -177,7 +183,7 @@ class Tracked:
 
     __slots__ = (
         "obj", "real", "data", "flatten_names", "entry", "entry_containers", "expected",
-        "containers", "settled", "absent", "written", "dict_complete", "_inner_ids",
+        "containers", "settled", "absent", "written", "dict_complete", "_inner_ids", "plain_inner",
     )
 
     def __init__(self, obj: Any, real: Any, data: Any = None) -> None:
@@ -196,6 +202,9 @@ class Tracked:
         self.written: set[str] = set()
         self.dict_complete = False
         self._inner_ids: frozenset[int] | None = None
+        # A plain tensor inside a subclass's flatten list (a FakeTensor standing for the
+        # real inner tensor): only what user code puts in its dict is state.
+        self.plain_inner = False
 
     def traced_counterpart(self, name: str) -> Any:
         """The traced object's own value of ``name`` if fakification made it from the real
@@ -295,7 +304,7 @@ def _is_data_descriptor(value: Any) -> bool:
 def class_attribute(cls: type, name: str) -> Any:
     """``name`` as found on ``cls``'s MRO (ignoring dynamo_ext's own hooks), or MISSING."""
     for klass in cls.__mro__:
-        value = _patches.CLASS_HOOKS.original(klass, name)
+        value = _patches.original_attribute(klass, name)
         if value is not MISSING:
             return value
     return MISSING
@@ -365,14 +374,29 @@ class Scope:
 
     # -- tracking -----------------------------------------------------------
 
-    def track(self, obj: Any, real: Any, data: Any = None) -> Tracked:
+    def track(self, obj: Any, real: Any, data: Any = None, plain_inner: bool = False) -> Tracked:
         t = self.tracked.get(id(obj))
         if t is None or t.obj is not obj:
             t = Tracked(obj, real, data)
+            t.plain_inner = plain_inner
             self.tracked[id(obj)] = t
         elif data is not None and t.data is None:
             t.data = data
         return t
+
+    def _hook_classes(self) -> tuple[set[type], set[type]]:
+        """Classes whose attribute access the block interposes on, and the trace-tensor
+        classes whose ``_version`` it answers (plain inner tensors standing for real ones)."""
+        full: set[type] = set(_REGISTERED)
+        version: set[type] = set()
+        for t in self.tracked.values():
+            if not t.plain_inner:
+                full.add(type(t.obj))
+            elif t.real is not None:
+                version.add(type(t.obj))
+                if user_state(obj_dict(t.real)):  # the user keeps attributes on it: answer them
+                    full.add(type(t.obj))
+        return full, version
 
     def lookup(self, obj: Any) -> Tracked | None:
         t = self.tracked.get(id(obj))
@@ -386,14 +410,19 @@ class Scope:
             # Whatever changed since the last block was torch's doing (Dynamo between
             # two ops), not the traced code's: only changes inside a block are writes.
             t.expected = dict(user_state(obj_dict(t.obj)))
-        classes = {type(t.obj) for t in self.tracked.values()} | set(_REGISTERED)
-        handle = _patches.CLASS_HOOKS.install(classes, _make_hooks)
+        full, version = self._hook_classes()
+        handles = [
+            _patches.CLASS_HOOKS.install(full, _make_hooks),
+            _patches.VERSION_HOOKS.install(version, _make_version_hooks),
+            _patches.CLASS_HOOKS.install(_SYMBOLIC_CLASSES, _make_symbolic_hooks),
+        ]
         _local.scope = self
         try:
             yield self
         finally:
             _local.scope = previous
-            handle.remove()
+            for handle in reversed(handles):
+                handle.remove()
 
     # -- what the hooks call ------------------------------------------------
 
@@ -408,6 +437,8 @@ class Scope:
             return get(t.obj, name)
         if t.real is None or self.answer is None or name in t.settled or name[:2] == "__":
             return get(t.obj, name)
+        if t.plain_inner and name not in obj_dict(t.real):
+            return get(t.obj, name)  # the trace tensor's own (fake_mode, ...): only user state is answered
         if name in t.absent:
             raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
         if name in t.flatten_names:
@@ -454,13 +485,15 @@ class Scope:
         the last call, in order."""
         for t in list(self.tracked.values()):
             actual = user_state(obj_dict(t.obj))
+            if t.plain_inner:  # torch keeps its own bookkeeping there: new names only
+                actual = {k: v for k, v in actual.items() if k not in t.entry or k in t.written}
             for name, value in actual.items():
                 if t.expected.get(name, MISSING) is not value:
                     self.events.append(Write(t, name, value, t.expected.get(name, MISSING)))
                     t.expected[name] = value
                     t.written.add(name)
                     t.settled.add(name)
-            for name in [n for n in t.expected if n not in actual]:
+            for name in [n for n in t.expected if n not in actual and not (t.plain_inner and n in t.entry)]:
                 self.events.append(Write(t, name, MISSING, t.expected.pop(name)))
                 t.written.add(name)
             for name, (container, contents) in list(t.containers.items()):
@@ -584,3 +617,66 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
 
         hooks["__init__"] = __init__
     return hooks
+
+
+# --------------------------------------------------------------------------- #
+# Symbolic values turned into text by the traced code
+# --------------------------------------------------------------------------- #
+
+_SYMBOLIC_CLASSES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _concrete(value: Any) -> Any:
+    """The value a symbolic int/float/bool has in this trace, guarded: the compiled program
+    is specialized on it (Dynamo recompiles when it changes), as for ``int(s)``."""
+    from torch.fx.experimental import symbolic_shapes
+
+    if isinstance(value, torch.SymInt):
+        return symbolic_shapes.guard_int(value)
+    if isinstance(value, torch.SymFloat):
+        return symbolic_shapes.guard_float(value)
+    return symbolic_shapes.guard_bool(value)
+
+
+def _make_symbolic_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
+    """Text made from a SymInt inside traced user code (``f"{rows}x{cols}"``) would
+    otherwise hold the symbol's name ("s77"): user code gets the concrete value, guarded.
+    torch's own code (logging, error messages) keeps the symbolic text."""
+    str_, repr_, format_ = base("__str__"), base("__repr__"), base("__format__")
+
+    def __str__(self: Any) -> str:
+        if getattr(_local, "scope", None) is not None and _called_from_user(2):
+            return str(_concrete(self))
+        return str_(self)
+
+    def __repr__(self: Any) -> str:
+        if getattr(_local, "scope", None) is not None and _called_from_user(2):
+            return repr(_concrete(self))
+        return repr_(self)
+
+    def __format__(self: Any, spec: str) -> str:
+        if getattr(_local, "scope", None) is not None and _called_from_user(2):
+            return format(_concrete(self), spec)
+        return format_(self, spec)
+
+    return {"__str__": __str__, "__repr__": __repr__, "__format__": __format__}
+
+
+# --------------------------------------------------------------------------- #
+# A tensor's version counter, read by the traced code
+# --------------------------------------------------------------------------- #
+
+
+def _make_version_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
+    """``inner._version`` in traced user code: a fake or functional tensor counts its own
+    versions from 0, the real inner tensor's counter is what eager reads (a quantized
+    weight's cache keyed on it). The layer answers it from the real tensor and guards it."""
+    descriptor = class_attribute(cls, "_version")
+
+    def get_version(obj: Any) -> Any:
+        scope, t = _tracked_here(obj)
+        if t is None or t.real is None or scope.answer is None or not _called_from_user(2):
+            return descriptor.__get__(obj, type(obj))
+        return scope.answer(scope, t, "_version")
+
+    return {"_version": property(get_version)}

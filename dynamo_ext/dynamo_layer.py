@@ -158,10 +158,15 @@ class FrameState:
         t = self.scope.track(fake, real, ref)
         for name in t.flatten_names:
             inner_fake, inner_real = getattr(fake, name, None), getattr(real, name, None)
+            if not isinstance(inner_fake, torch.Tensor) or not isinstance(inner_real, torch.Tensor):
+                continue
+            source = AttrSource(ref.source, name)
+            vt = self.tx.output.input_source_to_var.get(source)
+            inner_ref = Ref(vt, source, ref.node, ref.path + (("attr", name),))
             if is_traceable_wrapper_subclass(inner_fake) and is_traceable_wrapper_subclass(inner_real):
-                source = AttrSource(ref.source, name)
-                vt = self.tx.output.input_source_to_var.get(source)
-                self._track_real(inner_fake, inner_real, Ref(vt, source, ref.node, ref.path + (("attr", name),)))
+                self._track_real(inner_fake, inner_real, inner_ref)
+            elif self.scope.lookup(inner_fake) is None:
+                self.scope.track(inner_fake, inner_real, inner_ref, plain_inner=True)
         for path, obj in capture.find_state(real):
             if self.scope.lookup(obj) is None:
                 source = ref.source
@@ -176,6 +181,11 @@ class FrameState:
         """See Note [Reads are answered from the real object] (capture.py)."""
         ref: Ref | None = t.data
         real = t.real
+        if name == "_version":
+            version = real._version
+            if ref is not None and ref.source is not None:
+                _guard_version(ref.source, version)
+            return version
         held = t.traced_counterpart(name)
         if held is not MISSING:
             t.settled.add(name)
@@ -327,6 +337,8 @@ class FrameState:
 
     def _target_vt(self, t: Tracked, ref: Ref) -> Any:
         if ref.vt is None and ref.source is not None:
+            ref.vt = self.tx.output.input_source_to_var.get(ref.source)
+        if ref.vt is None and ref.source is not None:
             from torch._dynamo.variables.builder import VariableBuilder
             from torch._dynamo.variables.lazy import LazyVariableTracker
 
@@ -453,6 +465,19 @@ def _guard(source: Any, kind: str, **kwargs: Any) -> None:
 
     fn = getattr(GuardBuilder, kind)
     install_guard(source.make_guard(functools.partial(fn, **kwargs) if kwargs else fn))
+
+
+def _guard_version(source: Any, version: int) -> None:
+    """Guard a tensor's version counter (no GuardBuilder method for it: a lambda guard)."""
+    from torch._dynamo.guards import get_verbose_code_parts, install_guard
+
+    def create(builder: Any, guard: Any) -> None:
+        code = f"{builder.arg_ref(guard)}._version == {version}"
+        builder.get_guard_manager(guard).add_lambda_guard(
+            lambda x: x._version == version, get_verbose_code_parts(code, guard), guard.user_stack
+        )
+
+    install_guard(source.make_guard(create))
 
 
 def _guard_absent(source: Any, name: str) -> None:
@@ -698,6 +723,8 @@ def make_guard_deepcopy(original: Callable[..., Any]) -> Callable[..., Any]:
             memo = {} if memo is None else memo
             for path, _ in capture.find_state(x, from_value=True):
                 cur = x
+                if not path:  # the ctx is the state object itself
+                    memo[id(cur)] = cur
                 for step in path:
                     cur = capture.follow(cur, (step,))
                     memo[id(cur)] = cur

@@ -90,7 +90,7 @@ def check_entry(plan: WritePlan, inputs: Sequence[Any], reads: Sequence[EntryRea
     (``stale_plan``): only where no Dynamo guard covers it."""
     for r in plan.entry_reads if reads is None else reads:
         obj = capture.follow(inputs[r.input_index], r.path)
-        now = capture.eager_lookup(obj, r.name)[0]
+        now = obj._version if r.name == "_version" else capture.eager_lookup(obj, r.name)[0]
         if r.value is MISSING and now is MISSING:
             continue
         if r.value is HELD_TENSOR and isinstance(now, torch.Tensor):
