@@ -216,6 +216,8 @@ class Planner:
             t.settled.add(name)
             return getattr(t.obj, name)
         real = t.real
+        if name is capture.KEYS or isinstance(name, capture.Unshadowed):
+            return None  # Dynamo guards these; called directly, the entry reads are checked
         if name == "_version":
             self.note_entry_read(t, name, real._version)
             return real._version

@@ -274,14 +274,28 @@ def _flatten_names(obj: Any) -> list[str]:
     return list(names)
 
 
+#: The name an answerer is asked for when code depends on which attributes the instance
+#: dict holds (it read ``__dict__``, or the class's own ``__getattr__`` runs).
+KEYS = "<keys>"
+
+
+@dataclasses.dataclass(frozen=True)
+class Unshadowed:
+    """What an answerer is asked when traced code reads a method (``x.values``): the
+    compiled code depends on no instance attribute of that name shadowing it."""
+
+    name: str
+
+
 class Answerer(Protocol):
     def __call__(self, scope: "Scope", tracked: Tracked, name: str) -> Any:
         """Answer a read of ``name`` on ``tracked.obj`` as eager would on ``tracked.real``:
-        call ``tracked.set_answer`` and return the value, or raise AttributeError."""
+        call ``tracked.set_answer`` and return the value, or raise AttributeError.
+        ``KEYS``: guard which attributes the real object's dict holds (returns nothing)."""
 
 
-# How a read of a name is served, decided from the class (cached per class and name).
-_PASS, _STATE = "pass", "state"
+# How a read of a name is served, decided from the class.
+_PASS, _STATE, _METHOD = "pass", "state", "method"
 
 
 def eager_lookup(real: Any, name: str) -> tuple[Any, str]:
@@ -351,7 +365,7 @@ def _where(t: Tracked, name: str) -> str:
     if cls_attr is MISSING:
         return _STATE  # absent from the standard lookup
     if callable(cls_attr) or isinstance(cls_attr, (classmethod, staticmethod)):
-        return _PASS  # a method
+        return _METHOD  # a method, unless an instance attribute of that name appears
     return _STATE  # a class-level default
 
 
@@ -440,18 +454,35 @@ class Scope:
         if t.plain_inner and name not in obj_dict(t.real):
             return get(t.obj, name)  # the trace tensor's own (fake_mode, ...): only user state is answered
         if name in t.absent:
+            self._before_user_getattr(t)
             raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
         if name in t.flatten_names:
             check_inner(t, name, get)
             t.settled.add(name)
             return get(t.obj, name)
-        if _where(t, name) is _PASS:
+        where = _where(t, name)
+        if where is not _STATE:
+            if where is _METHOD and not t.shared and not t.plain_inner:
+                self.answer(self, t, Unshadowed(name))
             t.settled.add(name)
             return get(t.obj, name)
-        return self.answer(self, t, name)
+        try:
+            return self.answer(self, t, name)
+        except AttributeError:
+            self._before_user_getattr(t)
+            raise
+
+    def _before_user_getattr(self, t: Tracked) -> None:
+        """The read falls through to the class's own ``__getattr__``, which typically reads
+        state with ``object.__getattribute__`` (no hook sees that): answer every entry eager
+        would find in the instance dict first, so it reads the real object's state."""
+        if not t.dict_complete and not t.shared and class_attribute(type(t.obj), "__getattr__") is not MISSING:
+            self._answer_all(t)
 
     def _answer_all(self, t: Tracked) -> None:
-        """Code read ``__dict__`` itself: answer every entry eager would find there."""
+        """Code reads the instance dict itself: answer every entry eager would find there,
+        and which entries there are (``KEYS``)."""
+        self.answer(self, t, KEYS)  # type: ignore[misc]
         names = set(user_state(obj_dict(t.real))) | set(user_state(obj_dict(t.obj)))
         for name in sorted(names - t.settled - t.absent - t.flatten_names):
             try:

@@ -181,6 +181,16 @@ class FrameState:
         """See Note [Reads are answered from the real object] (capture.py)."""
         ref: Ref | None = t.data
         real = t.real
+        if name is capture.KEYS:
+            if ref is not None and ref.source is not None and not t.shared:
+                from torch._dynamo.source import AttrSource
+
+                _guard(AttrSource(ref.source, "__dict__"), "DICT_KEYS_MATCH")
+            return None
+        if isinstance(name, capture.Unshadowed):
+            if ref is not None and ref.source is not None:
+                _guard_absent(ref.source, name.name)
+            return None
         if name == "_version":
             version = real._version
             if ref is not None and ref.source is not None:
@@ -217,7 +227,7 @@ class FrameState:
             if scope.lookup(value) is None:
                 scope.track(value, value, Ref(None, source, ref.node, ref.path + (("attr", name),)))
             return value
-        if type(value) in (int, float, bool) and not self._in_hop():
+        if type(value) is int and not self._in_hop():
             answer = self._build_scalar(t, ref, name, source, value)
         elif is_immutable_constant(value):
             _guard_constant(self.tx, source, value)
@@ -240,9 +250,10 @@ class FrameState:
         return self.tx.output.current_tracer.parent is not None
 
     def _build_scalar(self, t: Tracked, ref: Ref, name: str, source: Any, value: Any) -> Any:
-        """An int/float/bool through Dynamo's own VariableBuilder: guarded like a user
-        attribute read, or a symbolic graph input (automatic dynamic, ``mark_dynamic``,
-        ``specialize_int=False``)."""
+        """An int through Dynamo's own VariableBuilder: guarded like a user attribute read,
+        or a symbolic graph input (automatic dynamic, ``specialize_int=False``).
+        Floats and bools stay guarded constants: an unspecialized float reaches dispatch as
+        ``item()`` of a tensor input, a data-dependent value fake propagation cannot use."""
         from torch._dynamo.variables import ConstantVariable, SymNodeVariable
         from torch._dynamo.variables.builder import VariableBuilder
         from torch._dynamo.variables.lazy import LazyVariableTracker
