@@ -297,6 +297,7 @@ def _graph_value(
 
 def _track_tree(scope: Scope, obj: Any, real: Any, where: _Where) -> None:
     t = scope.track(obj, real, where)
+    _restore_aliases(t)
     for name in t.flatten_names:
         inner, inner_real = getattr(obj, name, None), getattr(real, name, None)
         if not isinstance(inner, torch.Tensor) or not isinstance(inner_real, torch.Tensor):
@@ -306,6 +307,22 @@ def _track_tree(scope: Scope, obj: Any, real: Any, where: _Where) -> None:
             _track_tree(scope, inner, inner_real, inner_where)
         elif scope.lookup(inner) is None:
             scope.track(inner, inner_real, inner_where, plain_inner=True)
+
+
+def _restore_aliases(t: Tracked) -> None:
+    """Inner tensors the real object holds twice (``self.cache = self.elem``, both
+    flattened) reach the pass as two separate inputs: the pass's instance holds them as
+    one tensor again, as eager does (``cache is elem``)."""
+    first: dict[int, str] = {}
+    d = capture.obj_dict(t.obj)
+    for name in sorted(t.flatten_names):
+        value = capture.obj_dict(t.real).get(name)
+        if not isinstance(value, torch.Tensor) or name not in d:
+            continue
+        if id(value) in first:
+            d[name] = t.expected[name] = d[first[id(value)]]
+        else:
+            first[id(value)] = name
 
 
 def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: bool) -> Callable[..., Any]:
@@ -320,6 +337,9 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
     def traced_call(*args: Any, **kwargs: Any) -> Any:
         leaves = pytree.arg_tree_leaves(*args, **kwargs)
         scope = Scope(answer=planner.answer if planner is not None else None, label="aot")
+        if planner is not None and planner.record is not None:
+            for obj in planner.record.shared_objects:
+                scope.track(obj, obj)
         for i, a in enumerate(leaves):
             if _is_subclass(a):
                 real = planner.real_of(i) if planner is not None else None
@@ -432,9 +452,9 @@ def make_prepare_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def prepare_aot_module_simplified(mod: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
         args = list(args)
         result = original(mod, args, *rest, **kwargs)
-        if not config.aot_layer or not any(_is_subclass(a) for a in args):
-            return result
         functional_call, params_buffers_flat = result[0], result[1]
+        if not config.aot_layer or not any(_is_subclass(a) for a in [*params_buffers_flat, *args]):
+            return result
         epilogue = _caller_is("aot_module_simplified")
         planner = Planner(list(params_buffers_flat) + args, handoff.received(), epilogue)
         _PENDING.set(planner)  # consumed by aot_stage2_compile in the same call

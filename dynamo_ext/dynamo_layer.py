@@ -30,12 +30,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import sys
+import types
 from typing import Any, Callable, NoReturn
 
 import torch
 import torch.fx
 
-from . import capture, config, handoff
+from . import capture, config, free_state, handoff
 from .capture import Scope, Tracked, Write
 from .errors import RefusalKind, refuse
 from .values import (
@@ -80,6 +82,8 @@ class FrameState:
         self.tx = tx
         self.scope = Scope(answer=self._answer, label="dynamo")
         self.record = handoff.DynamoRecord()
+        self.collector = free_state.Collector()  # user code that ran in dispatch
+        self.watch = free_state.ModuleWatch()  # module globals dispatch must leave alone
         self._node: torch.fx.Node | None = None  # the op being propagated
         self._by_fake: dict[int, Any] = {}
         self._inputs_seen: set[Any] = set()
@@ -156,6 +160,7 @@ class FrameState:
         from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
         t = self.scope.track(fake, real, ref)
+        self.watch.add(type(real).__module__)
         for name in t.flatten_names:
             inner_fake, inner_real = getattr(fake, name, None), getattr(real, name, None)
             if not isinstance(inner_fake, torch.Tensor) or not isinstance(inner_real, torch.Tensor):
@@ -291,6 +296,8 @@ class FrameState:
         value, _ = capture.eager_lookup(t.real, name)
         if self._in_hop():
             _refuse_read(t, name, value, "tensor attribute read inside a higher-order op body")
+        if ref.node is None:
+            _refuse_read(t, name, value, "a tensor held by an object reached through a global or closure")
         vt = LazyVariableTracker.realize_all(VariableBuilder(self.tx, AttrSource(ref.source, name))(value))
         proxy = vt.as_proxy()
         self._insert_seed(ref, name, proxy.node)
@@ -302,6 +309,38 @@ class FrameState:
             t.settled.add(name)
         else:
             t.set_answer(name, fake)
+
+    # -- globals and closure variables --------------------------------------
+
+    def guard_free_reads(self) -> bool:
+        """Guard the module globals and closure variables the user code that just ran can
+        load, as Dynamo guards a user's own. Returns True when an object among them must be
+        tracked first (its attribute reads answered): the op is then run again."""
+        from torch._dynamo.source import AttrSource, GlobalSource
+
+        retry = False
+        for r in self.collector.reads():
+            value = r.value
+            if isinstance(value, types.ModuleType) or is_code_object(value) or isinstance(value, torch.Tensor):
+                continue  # code, or a tensor fake propagation cannot use anyway
+            if r.cell is None:
+                self.watch.add(r.module)
+                source = AttrSource(self.tx.import_source(r.module), r.name)
+            else:
+                holder = self.tx.output.install_global_by_id("__dynamo_ext_cell", r.cell)
+                source = AttrSource(GlobalSource(holder), "cell_contents")
+            if is_immutable_constant(value) or (isinstance(value, PLAIN_MUTABLE) and not contains_tensor(value)):
+                _guard_constant(self.tx, source, value)
+            elif capture.is_registered(value) or free_state.is_user_code(getattr(sys.modules.get(type(value).__module__), "__file__", "") or ""):
+                # A user object: its attribute reads are answered and guarded like a
+                # registered ctx-state object's, which needs the op run again.
+                _guard(source, "ID_MATCH")
+                if self.scope.lookup(value) is None:
+                    self.scope.track(value, value, Ref(None, source, None))
+                    self.record.shared_objects.append(value)
+                    retry = True
+            # Other objects (loggers, locks, torch's own): not state the program depends on.
+        return retry
 
     # -- recording writes ---------------------------------------------------
 
@@ -480,15 +519,7 @@ def _guard(source: Any, kind: str, **kwargs: Any) -> None:
 
 def _guard_version(source: Any, version: int) -> None:
     """Guard a tensor's version counter (no GuardBuilder method for it: a lambda guard)."""
-    from torch._dynamo.guards import get_verbose_code_parts, install_guard
-
-    def create(builder: Any, guard: Any) -> None:
-        code = f"{builder.arg_ref(guard)}._version == {version}"
-        builder.get_guard_manager(guard).add_lambda_guard(
-            lambda x: x._version == version, get_verbose_code_parts(code, guard), guard.user_stack
-        )
-
-    install_guard(source.make_guard(create))
+    _guard_lambda(source, lambda x: x._version == version, f"._version == {version}")
 
 
 def _guard_absent(source: Any, name: str) -> None:
@@ -506,18 +537,28 @@ _EQUALS_GUARDABLE = (
 
 
 def _guard_constant(tx: Any, source: Any, value: Any) -> None:
-    """Guard that the real attribute still equals the constant the trace used."""
+    """Guard that the real attribute still equals the constant the trace used (by value:
+    never through VariableBuilder, whose floats and ints may become symbolic inputs)."""
+    import copy
     import enum
-
-    from torch._dynamo.variables.builder import VariableBuilder
-    from torch._dynamo.variables.lazy import LazyVariableTracker
 
     if type(value) in _EQUALS_GUARDABLE and not _holds_unguardable(value):
         _guard(source, "EQUALS_MATCH")
     elif isinstance(value, enum.Enum):
         _guard(source, "ID_MATCH")
-    else:
-        LazyVariableTracker.realize_all(VariableBuilder(tx, source)(value))
+    else:  # a frozen dataclass, a dict of constants, ...: compared by ==
+        expected = copy.deepcopy(value)
+        _guard_lambda(source, lambda x: type(x) is type(expected) and x == expected, f"== {expected!r}")
+
+
+def _guard_lambda(source: Any, check: Callable[[Any], bool], text: str) -> None:
+    from torch._dynamo.guards import get_verbose_code_parts, install_guard
+
+    def create(builder: Any, guard: Any) -> None:
+        code = f"{builder.arg_ref(guard)} {text}"
+        builder.get_guard_manager(guard).add_lambda_guard(check, get_verbose_code_parts(code, guard), guard.user_stack)
+
+    install_guard(source.make_guard(create))
 
 
 def _holds_unguardable(value: Any) -> bool:
@@ -642,13 +683,24 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 def _propagate(state: FrameState, node: torch.fx.Node, tx: Any, original: Callable[..., Any], allow: bool) -> Any:
     scope = state.scope
     state._node = node
+    state.tx = tx
     try:
         while True:
             checkpoint = _Checkpoint(scope)
             try:
-                with scope.active():
+                with scope.active(), state.collector.collect(), state.watch.watching() as changes:
                     result = original(node, tx, allow)
                 writes = scope.settle()
+                if changes:
+                    change = changes[0]
+                    raise _Refused(
+                        RefusalKind.GLOBAL_STATE_WRITE, _first_subclass(state, node), f"{change.module}.{change.name}",
+                        change.what, f"{len(changes)} module global(s) changed while tracing: "
+                        + ", ".join(f"{c.module}.{c.name} ({c.what})" for c in changes),
+                    )
+                if state.guard_free_reads():
+                    checkpoint.rollback()
+                    continue
             except _NeedsSeed as need:
                 checkpoint.rollback()
                 state.seed_tensor(need.tracked, need.name)
@@ -671,6 +723,14 @@ def _propagate(state: FrameState, node: torch.fx.Node, tx: Any, original: Callab
         return result
     finally:
         state._node = None
+
+
+def _first_subclass(state: FrameState, node: torch.fx.Node) -> Tracked:
+    for arg in _subclass_arg_nodes(node):
+        t = state.scope.lookup(arg.meta.get("example_value"))
+        if t is not None:
+            return t
+    return next(iter(state.scope.tracked.values()))
 
 
 class _Checkpoint:

@@ -29,6 +29,7 @@ class RefusalKind(str, enum.Enum):
     STALE_PLAN = "stale_plan"
     INCONSISTENT_PASSES = "inconsistent_passes"
     FLATTEN_ROUND_TRIP = "flatten_round_trip"
+    GLOBAL_STATE_WRITE = "global_state_write"
 
     @property
     def gb_type(self) -> str:
@@ -183,6 +184,19 @@ REFUSALS: dict[RefusalKind, Refusal] = {
             ("Make __tensor_unflatten__ restore every inner tensor __tensor_flatten__ returns.",),
             "both",
             what=_READ,
+        ),
+        Refusal(
+            RefusalKind.GLOBAL_STATE_WRITE,
+            "Dispatch rebound a module global or mutated a module-level container (a global log list).",
+            "The compiled program replays attribute writes on the objects the op reaches; a "
+            "change to a module's globals made while tracing would happen once, at compile "
+            "time, instead of on every call.",
+            (
+                "Keep the state on the tensor (an attribute, or a registered ctx-state object).",
+                "Or run the op eagerly (torch._dynamo.disable on the code that logs).",
+            ),
+            "Dynamo",
+            what="changed module global {attr!r} (value of type {value_type})",
         ),
     ]
 }

@@ -33,12 +33,15 @@ class DynamoRecord:
     ``recorded``: ``{id(real object): {attribute: constant or GRAPH_VALUE}}`` that Dynamo's
     residual bytecode replays (the AOTAutograd layer must not apply them twice);
     ``observed``: the same, seen in fake propagation but not recorded (Dynamo layer off);
-    ``fullgraph``: a refusal must raise (else the frame falls back to eager).
+    ``fullgraph``: a refusal must raise (else the frame falls back to eager);
+    ``shared_objects``: objects dispatch reached through globals or closures, which
+    AOTAutograd's passes must also leave as they found them.
     """
 
     recorded: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     observed: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     fullgraph: bool = True
+    shared_objects: list[Any] = dataclasses.field(default_factory=list)
 
 
 _RECORD: contextvars.ContextVar[DynamoRecord | None] = contextvars.ContextVar("dynamo_ext_record", default=None)
