@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from . import _compat, _patches, aot_layer, config, dynamo_layer
+from . import _compat, _patches, aot_layer, config, dynamo_layer, free_state
 from ._patches import Patch, PatchSet, PatchTargetError
 from .capture import register_ctx_state
 from .errors import RefusalKind, SubclassWriteError
@@ -84,6 +84,7 @@ def disable() -> None:
         _PATCHES.undo()
         _patches.CLASS_HOOKS.remove_all()
         _patches.VERSION_HOOKS.remove_all()
+        free_state.forget_functions()
         _patches.CODE_MARKS.release_all()
 
 

@@ -385,6 +385,9 @@ class Scope:
         self.thread = threading.get_ident()
         self._settled_upto = 0
         self.constructing: set[int] = set()  # registered objects inside their __init__
+        #: Called with the frame of traced code that touched a tracked object (the Dynamo
+        #: layer finds the user code dispatch runs this way: free_state.Collector).
+        self.on_access: Callable[[Any], None] | None = None
 
     # -- tracking -----------------------------------------------------------
 
@@ -605,6 +608,8 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
         scope, t = _tracked_here(obj)
         if t is None:
             return get_(obj, name)
+        if scope.on_access is not None:  # type: ignore[union-attr]
+            scope.on_access(sys._getframe(1))  # type: ignore[union-attr]
         return scope.read(t, name, get_)  # type: ignore[union-attr]
 
     def __setattr__(obj: Any, name: str, value: Any) -> None:

@@ -82,8 +82,9 @@ class FrameState:
         self.tx = tx
         self.scope = Scope(answer=self._answer, label="dynamo")
         self.record = handoff.DynamoRecord()
-        self.collector = free_state.Collector()  # user code that ran in dispatch
+        self.collector = free_state.Collector(_OP_BOUNDARY)  # user code that ran in dispatch
         self.watch = free_state.ModuleWatch()  # module globals dispatch must leave alone
+        self.scope.on_access = self.collector.on_access
         self._node: torch.fx.Node | None = None  # the op being propagated
         self._by_fake: dict[int, Any] = {}
         self._inputs_seen: set[Any] = set()
@@ -688,7 +689,7 @@ def _propagate(state: FrameState, node: torch.fx.Node, tx: Any, original: Callab
         while True:
             checkpoint = _Checkpoint(scope)
             try:
-                with scope.active(), state.collector.collect(), state.watch.watching() as changes:
+                with scope.active(), state.watch.watching() as changes:
                     result = original(node, tx, allow)
                 writes = scope.settle()
                 if changes:
@@ -731,6 +732,9 @@ def _first_subclass(state: FrameState, node: torch.fx.Node) -> Tracked:
         if t is not None:
             return t
     return next(iter(state.scope.tracked.values()))
+
+
+_OP_BOUNDARY = frozenset({_propagate.__code__})
 
 
 class _Checkpoint:

@@ -25,6 +25,7 @@ import os
 import sys
 import sysconfig
 import types
+import weakref
 from typing import Any, Iterator
 
 import torch
@@ -68,80 +69,124 @@ class FreeRead:
 
 
 class Collector:
-    """The user code objects that ran while the block ran, with their globals and closure cells."""
+    """The user code dispatch runs, and the globals and closure variables it can load.
 
-    def __init__(self) -> None:
-        self.seen: set[types.CodeType] = set()
-        self._user_codes: list[types.CodeType] = []
+    User frames are found on the stack whenever traced code touches a tracked object
+    (``on_access``, called from the attribute hooks: dispatch always reads its inputs'
+    inner tensors), then expanded statically through the functions, classes and nested
+    code objects their globals name (a helper ``scaled(t)`` that reads ``SCALE``).
+    Cheaper by far than a trace function (which slows every frame of fake propagation).
+    """
+
+    def __init__(self, stop_codes: frozenset[types.CodeType]) -> None:
+        self._stop = stop_codes  # the op boundary: dynamo_ext's own frames
+        self._last_frame: Any = None
+        self._on_stack: set[types.CodeType] = set()
+        self._expanded: set[types.CodeType] = set()
         self._new: list[tuple[types.CodeType, dict, dict]] = []
 
-    @staticmethod
-    def _closure_cells(code: types.CodeType, frame_locals: dict) -> dict[str, Any]:
-        """The cells of the function running ``code`` (found through the gc: frames do not
-        point to their function), matched by the values the frame sees."""
-        if not code.co_freevars:
-            return {}
-        for fn in gc.get_referrers(code):
-            if isinstance(fn, types.FunctionType) and fn.__code__ is code and fn.__closure__:
-                cells = dict(zip(code.co_freevars, fn.__closure__))
-                if all(_cell_value(c) is frame_locals.get(n, _cell_value(c)) for n, c in cells.items()):
-                    return cells
-        return {}
-
-    def collect(self) -> "contextlib.AbstractContextManager[None]":
-        return _profiling(self)
-
-    def _on_call(self, frame: types.FrameType) -> None:
-        code = frame.f_code
-        if code in self.seen:
+    def on_access(self, frame: types.FrameType | None) -> None:
+        if frame is self._last_frame:
             return
-        self.seen.add(code)
-        if is_user_code(code.co_filename):
-            # A closure made by code that ran here (a lambda or comprehension inside
-            # dispatch) closes over that call's locals: not state outside the op.
-            made_here = any(code in c.co_consts for c in self._user_codes)
-            cells = {} if made_here else self._closure_cells(code, frame.f_locals)
-            self._user_codes.append(code)
-            self._new.append((code, frame.f_globals, cells))
+        self._last_frame = frame
+        while frame is not None and frame.f_code not in self._stop:
+            code = frame.f_code
+            if code not in self._on_stack and is_user_code(code.co_filename):
+                self._on_stack.add(code)
+                nested = any(code in c.co_consts for c in self._on_stack if c is not code)
+                self._expand(code, frame.f_globals, {} if nested else _closure_cells(code, frame.f_locals))
+            frame = frame.f_back
+
+    def _expand(self, code: types.CodeType, f_globals: dict, cells: dict) -> None:
+        queue = [(code, f_globals, cells)]
+        while queue:
+            code, f_globals, cells = queue.pop()
+            if code in self._expanded:
+                continue
+            self._expanded.add(code)
+            self._new.append((code, f_globals, cells))
+            for name in loaded_globals(code):
+                for fn in _functions_of(f_globals.get(name)):
+                    if is_user_code(fn.__code__.co_filename):
+                        cells_of = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+                        queue.append((fn.__code__, fn.__globals__, cells_of))
+            for const in code.co_consts:
+                if isinstance(const, types.CodeType):  # a lambda or comprehension: made at run time
+                    queue.append((const, f_globals, {}))
 
     def reads(self) -> Iterator[FreeRead]:
-        """Globals and closure variables of the code objects seen since the last call."""
+        """Globals and closure variables of the code objects found since the last call."""
         new, self._new = self._new, []
         for code, f_globals, cells in new:
             module = f_globals.get("__name__")
+            where = getattr(code, "co_qualname", code.co_name)
             for name in loaded_globals(code):
                 if name in f_globals:
-                    yield FreeRead(module, name, f_globals[name], code_name=getattr(code, 'co_qualname', code.co_name))
-            for name, cell in cells.items():
-                try:
-                    value = cell.cell_contents
-                except ValueError:  # an empty cell
-                    continue
-                yield FreeRead(None, name, value, cell=cell, code_name=getattr(code, 'co_qualname', code.co_name))
+                    yield FreeRead(module, name, f_globals[name], code_name=where)
+            for key, cell in cells.items():
+                value = _cell_value(cell)
+                if value is not _NOTHING:  # an empty cell: nothing to guard
+                    yield FreeRead(None, key.split("#")[0], value, cell=cell, code_name=where)
+
+
+def _functions_of(value: Any) -> list[types.FunctionType]:
+    """Functions ``value`` may run when called: itself, or a class's own methods."""
+    if isinstance(value, types.FunctionType):
+        return [value]
+    if isinstance(value, type) and value.__module__ not in ("builtins",):
+        out = []
+        for attr in vars(value).values():
+            if isinstance(attr, (staticmethod, classmethod)):
+                attr = attr.__func__
+            if isinstance(attr, types.FunctionType):
+                out.append(attr)
+        return out
+    return []
+
+
+_FUNCTIONS: dict[types.CodeType, list[weakref.ref]] = {}
+
+
+def _functions_with(code: types.CodeType, rescan: bool) -> list[types.FunctionType]:
+    refs = _FUNCTIONS.get(code)
+    if refs is None or rescan:
+        # Through the gc: a frame does not point to its function. Weak references only,
+        # dropped with dynamo_ext.disable().
+        fns = [fn for fn in gc.get_referrers(code) if isinstance(fn, types.FunctionType) and fn.__code__ is code]
+        _FUNCTIONS[code] = refs = [weakref.ref(fn) for fn in fns]
+    return [fn for fn in (r() for r in refs) if fn is not None]
+
+
+def forget_functions() -> None:
+    _FUNCTIONS.clear()
+
+
+def _closure_cells(code: types.CodeType, frame_locals: dict) -> dict[str, Any]:
+    """The cells the running ``code`` reads its free variables from: those of every
+    function with this code whose cells hold what the frame sees (several functions can
+    share one code object: classes made by one factory)."""
+    if not code.co_freevars:
+        return {}
+    for rescan in (False, True):
+        cells: dict[str, Any] = {}
+        for fn in _functions_with(code, rescan):
+            closure = dict(zip(code.co_freevars, fn.__closure__ or ()))
+            if closure and all(_cell_value(c) is frame_locals.get(n, _NOTHING) for n, c in closure.items()):
+                for n, c in closure.items():
+                    cells[f"{n}#{id(c)}"] = c
+        if cells:
+            return cells
+    return {}
+
+
+_NOTHING = object()
 
 
 def _cell_value(cell: Any) -> Any:
     try:
         return cell.cell_contents
     except ValueError:
-        return None
-
-
-@contextlib.contextmanager
-def _profiling(collector: Collector) -> Iterator[None]:
-    if sys.getprofile() is not None:  # someone else profiles: leave them be (documented limit)
-        yield
-        return
-
-    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
-        if event == "call":
-            collector._on_call(frame)
-
-    sys.setprofile(profile)
-    try:
-        yield
-    finally:
-        sys.setprofile(None)
+        return _NOTHING
 
 
 # --------------------------------------------------------------------------- #
