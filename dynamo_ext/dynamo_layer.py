@@ -724,6 +724,7 @@ def _propagate(state: FrameState, node: torch.fx.Node, tx: Any, original: Callab
         return result
     finally:
         state._node = None
+        state.collector.forget_frame()  # a finished frame keeps its locals (fakes) alive
 
 
 def _first_subclass(state: FrameState, node: torch.fx.Node) -> Tracked:

@@ -97,6 +97,9 @@ class Collector:
                 self._expand(code, frame.f_globals, {} if nested else _closure_cells(code, frame.f_locals))
             frame = frame.f_back
 
+    def forget_frame(self) -> None:
+        self._last_frame = None
+
     def _expand(self, code: types.CodeType, f_globals: dict, cells: dict) -> None:
         queue = [(code, f_globals, cells)]
         while queue:
