@@ -26,9 +26,11 @@ Modules, in the order of the flow:
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator
 
-from . import _compat, _patches, aot_layer, config, dynamo_layer, free_state
+import torch
+
+from . import _compat, _patches, aot_layer, capture, config, dynamo_layer, free_state
 from ._patches import Patch, PatchSet, PatchTargetError
 from .capture import register_ctx_state
 from .errors import RefusalKind, SubclassWriteError
@@ -60,11 +62,28 @@ def _compile_lock() -> contextlib.AbstractContextManager:
     return compile_lock
 
 
+def _replay_mask_buffer(buf: Any, entry: dict[str, Any], values: dict[str, Any]) -> None:
+    """DTensor's MaskBuffer as eager updates it: a trace that materialized a mask
+    (refcount up by one) materializes it (``materialize_mask``: a buffer still holding an
+    equal pending mask counts one more, a different one raises "conflicting data", as in
+    eager); one that released it releases it; anything else is set if the buffer still
+    holds its traced state."""
+    before, after = entry.get("refcount"), values.get("refcount", entry.get("refcount"))
+    if isinstance(before, int) and isinstance(after, int):
+        if after == before + 1 and isinstance(values.get("data"), torch.Tensor):
+            buf.materialize_mask(values["data"])
+            return
+        if after == before - 1 and set(values) <= {"refcount", "data"}:
+            buf.release_mask()
+            return
+    capture.replay_if_unchanged(buf, entry, values)
+
+
 def _register_defaults() -> None:
     if _compat.HAS_DISTRIBUTED:
         from torch.distributed.tensor._ops._mask_buffer import MaskBuffer
 
-        register_ctx_state(MaskBuffer)
+        register_ctx_state(MaskBuffer, replay=_replay_mask_buffer)
 
 
 def enable() -> None:

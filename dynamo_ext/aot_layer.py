@@ -108,6 +108,7 @@ class Planner:
         observed = self.record.observed if self.record is not None else {}
         planned: list[PlannedWrite] = []
         extras: list[Any] = []
+        born_order: dict[int, int] = {}
         entries = {(t.data.index, t.data.path): t.entry for t in scope.tracked.values() if isinstance(t.data, _Where)}
         for w in writes:
             t: Tracked = w.tracked
@@ -122,6 +123,8 @@ class Planner:
             elif t.shared:
                 if w.name in recorded.get(id(t.obj), {}):
                     continue
+                if t.born and same_value(t.entry.get(w.name, MISSING), w.value):
+                    continue  # back to how it was built: nothing for the caller to see
                 index, path, obj = -1, (), t.obj
             else:
                 continue  # an object the pass made: not the caller's
@@ -140,7 +143,13 @@ class Planner:
                 write = dataclasses.replace(write, entry=entry)
             elif isinstance(entry, torch.Tensor):
                 write = dataclasses.replace(write, entry=HELD_TENSOR)
-            planned.append(dataclasses.replace(write, obj=obj) if obj is not None else write)
+            if obj is not None:
+                # Objects the traced code made: each pass makes its own; the run-time outputs'
+                # ctx holds the first pass's (AOTAutograd bakes it from its analysis pass),
+                # and the plan keeps the first pass's writes.
+                born = born_order.setdefault(id(obj), len(born_order)) if t.born else -1
+                write = dataclasses.replace(write, obj=obj, born=born)
+            planned.append(write)
         self.passes += 1
         if self.writes is None:
             self.writes, self.n_extra = planned, len(extras)

@@ -85,14 +85,57 @@ def current() -> "Scope | None":
 # --------------------------------------------------------------------------- #
 
 _REGISTERED: set[type] = set()
+_REPLAYERS: dict[type, Callable[[Any, dict, dict], None]] = {}
 
 
-def register_ctx_state(cls: type) -> type:
+def register_ctx_state(cls: type | None = None, *, replay: Callable[[Any, dict, dict], None] | None = None) -> Any:
     """Declare that instances of ``cls`` hold state that dispatch mutates and that is
-    reachable from a flatten ctx (shared by reference with every unflattened
-    instance). Usable as a class decorator."""
-    _REGISTERED.add(cls)
-    return cls
+    reachable from a flatten ctx (shared by reference with every unflattened instance).
+    Usable as a class decorator, with or without arguments.
+
+    ``replay(obj, entry, values)``: how to apply, after a compiled call, what a trace wrote
+    on such an object that no input reaches (one made in dispatch, or found through a
+    cache): ``entry`` maps each attribute to its value when the trace began, ``values``
+    to the value it left. Without one, the writes are set when the object still holds
+    its traced entry state, and refused (``stale_plan``) when it does not.
+    """
+
+    def register(klass: type) -> type:
+        _REGISTERED.add(klass)
+        if replay is not None:
+            _REPLAYERS[klass] = replay
+        return klass
+
+    return register(cls) if cls is not None else register
+
+
+def replayer_for(obj: Any) -> Callable[[Any, dict, dict], None]:
+    return _REPLAYERS.get(type(obj), replay_if_unchanged)
+
+
+def replay_if_unchanged(obj: Any, entry: dict[str, Any], values: dict[str, Any]) -> None:
+    """The default replay: the object must still hold what the trace started from."""
+    from .errors import RefusalKind, SubclassWriteError
+    from .values import HELD_TENSOR, same_value
+
+    d = obj_dict(obj)
+    for name, before in entry.items():
+        now = d.get(name, MISSING)
+        held = before is HELD_TENSOR and isinstance(now, torch.Tensor)
+        if not held and not same_value(before, now):
+            raise SubclassWriteError(
+                RefusalKind.STALE_PLAN,
+                type(obj).__name__,
+                name,
+                type(now).__name__,
+                context=(
+                    f"a shared state object no input reaches changed since it was traced "
+                    f"({name}: traced from {before!r}, now {now!r}); register a replay function "
+                    "with register_ctx_state(cls, replay=...)"
+                ),
+            )
+    for name, value in values.items():
+        setattr(obj, name, value)
 
 
 def registered_classes() -> frozenset[type]:
@@ -183,7 +226,7 @@ class Tracked:
 
     __slots__ = (
         "obj", "real", "data", "flatten_names", "entry", "entry_containers", "expected",
-        "containers", "settled", "absent", "written", "dict_complete", "_inner_ids", "plain_inner",
+        "containers", "settled", "absent", "written", "dict_complete", "_inner_ids", "plain_inner", "born",
     )
 
     def __init__(self, obj: Any, real: Any, data: Any = None) -> None:
@@ -205,6 +248,9 @@ class Tracked:
         # A plain tensor inside a subclass's flatten list (a FakeTensor standing for the
         # real inner tensor): only what user code puts in its dict is state.
         self.plain_inner = False
+        # Made by the traced code (a registered state object built in dispatch): its state
+        # before is what its __init__ left, and it is the caller's only through an output.
+        self.born = False
 
     def traced_counterpart(self, name: str) -> Any:
         """The traced object's own value of ``name`` if fakification made it from the real
@@ -649,7 +695,7 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
                 init_(obj, *args, **kwargs)
             finally:
                 scope.constructing.discard(id(obj))
-            scope.track(obj, obj)
+            scope.track(obj, obj).born = True
 
         hooks["__init__"] = __init__
     return hooks

@@ -44,9 +44,15 @@ class PlannedWrite:
     value: Any
     entry: Any = MISSING  # the attribute's value when tracing started: a constant, MISSING, HELD_TENSOR
     obj: Any = None  # a registered state object written on (shared with eager by reference)
+    born: int = -1  # for an object the traced code made: its position among those of its pass
 
     def signature(self) -> tuple:
-        where = ("obj", id(self.obj)) if self.obj is not None else (self.input_index, self.path)
+        if self.obj is None:
+            where: Any = (self.input_index, self.path)
+        elif self.born >= 0:  # each pass makes its own: compared by role, not identity
+            where = ("new", type(self.obj).__name__, self.born)
+        else:
+            where = ("obj", id(self.obj))
         value = repr(self.value) if self.value_from is ValueFrom.CONSTANT else self.value
         return (where, self.name, self.value_from, value)
 
@@ -111,7 +117,7 @@ class Replay:
     def __init__(self, plan: WritePlan) -> None:
         self.plan = plan
         # One flat tuple per write, computed once.
-        self._steps = [(w.obj, w.input_index, w.path, w.name, w.value_from, w.value) for w in plan.writes]
+        self._steps = [(w.obj, w.input_index, w.path, w.name, w.value_from, w.value, w.entry) for w in plan.writes]
         self._cut = plan.n_extra
 
     def strip(self, out: Any) -> tuple[Any, Sequence[Any]]:
@@ -122,18 +128,25 @@ class Replay:
         return type(out)(out[:cut]), out[cut:]
 
     def apply(self, inputs: Sequence[Any], extras: Sequence[Any]) -> None:
-        """Set the planned writes on the real objects, in the order dispatch made them."""
-        for obj, index, path, name, value_from, value in self._steps:
+        """Set the planned writes on the real objects, in the order dispatch made them;
+        writes on a shared state object go to its replay function, as one set."""
+        shared: dict[int, tuple[Any, dict[str, Any], dict[str, Any]]] = {}
+        for obj, index, path, name, value_from, value, entry in self._steps:
             if value_from is ValueFrom.OUTPUT:
                 value = extras[value]
             elif value_from is ValueFrom.INPUT:
                 value = inputs[value]
             elif value_from is ValueFrom.INNER:
                 value = getattr(capture.follow(inputs[value[0]], value[1]), value[2])
-            elif isinstance(value, torch.SymInt):  # pragma: no cover - planned as outputs
-                raise AssertionError("a symbolic constant reached the replay")
-            target = obj if obj is not None else (capture.follow(inputs[index], path) if path else inputs[index])
+            if obj is not None:
+                _, entries, values = shared.setdefault(id(obj), (obj, {}, {}))
+                entries.setdefault(name, entry)
+                values[name] = value
+                continue
+            target = capture.follow(inputs[index], path) if path else inputs[index]
             setattr(target, name, value)
+        for obj, entries, values in shared.values():
+            capture.replayer_for(obj)(obj, entries, values)
 
     def __call__(self, inputs: Sequence[Any], out: Any) -> Any:
         if not self.plan.guarded:
