@@ -653,7 +653,9 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
     def __getattribute__(obj: Any, name: str) -> Any:
         scope, t = _tracked_here(obj)
         if t is None:
-            return get_(obj, name)
+            if scope is None or name[:2] == "__" or id(obj) in scope.constructing:
+                return get_(obj, name)
+            t = scope.track(obj, obj)  # a registered state object the trace reached through a ctx
         if scope.on_access is not None:  # type: ignore[union-attr]
             scope.on_access(sys._getframe(1))  # type: ignore[union-attr]
         return scope.read(t, name, get_)  # type: ignore[union-attr]

@@ -213,6 +213,13 @@ class FrameState:
             t.set_answer(name, MISSING)
             raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
         if ref is None or ref.source is None:  # not reachable from a graph input
+            from torch._subclasses.fake_tensor import is_fake
+
+            if isinstance(value, torch.Tensor) and not is_fake(value) and not t.born:
+                # A real tensor on a shared object no input reaches (a pending mask in a
+                # MaskBuffer DTensor's sharding cache shares with eager): the trace cannot
+                # use it and no guard covers it.
+                _refuse_read(t, name, value, "a real tensor held by a shared state object no graph input reaches")
             t.settled.add(name)
             return value
         from torch._dynamo.source import AttrSource
@@ -612,7 +619,7 @@ def _graph_break(kind: RefusalKind, t: Tracked, attr: str, value_type: str, cont
     """
     from . import _patches
 
-    dispatch = getattr(type(t.obj).__torch_dispatch__, "__func__", None)
+    dispatch = getattr(getattr(type(t.obj), "__torch_dispatch__", None), "__func__", None)
     code = getattr(dispatch, "__code__", None)
     if code is not None:
         _patches.CODE_MARKS.run_eagerly(code)
