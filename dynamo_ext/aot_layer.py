@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.utils._pytree as pytree
 
-from . import capture, config, handoff
+from . import capture, config, counters, guards, handoff
 from .capture import Scope, Tracked, Write
 from .errors import RefusalKind, SubclassWriteError
 from .plan import EntryRead, PlannedWrite, Replay, ValueFrom, WritePlan
@@ -95,6 +95,8 @@ class Planner:
         # (object, attribute, value). Compile time only.
         self.pass_state: list[tuple[Any, str, Any]] = []
         self._late: list[Scope] = []  # scopes still tracking a finished pass's instances
+        self._late_block: contextlib.ExitStack | None = None
+        self.tape = counters.Tape()  # what the traced backward decided from counted values
 
     def real_of(self, index: int) -> Any:
         return self.real_inputs[index] if 0 <= index < len(self.real_inputs) else None
@@ -174,31 +176,71 @@ class Planner:
 
     def keep_tracking(self, scope: Scope) -> None:
         """A finished pass's instances, as restored: what is written on them later is
-        written by the backward, which AOTAutograd traces after the forward returned."""
-        late = Scope(answer=None, label="backward")
+        written by the backward, which AOTAutograd traces right after the forward
+        returned (the joint pass). The instances stay tracked, in a scope that is the
+        active one until the next pass or the end of the compile, where int reads are
+        answered as counted values (See counters.py)."""
+        self.close_late()
+        late = Scope(answer=self.answer_backward, label="backward")
         for t in scope.tracked.values():
             if isinstance(t.data, _Where):
-                late.track(t.obj, t.real, t.data)
+                late.track(t.obj, t.real, t.data, plain_inner=t.plain_inner)
         self._late.append(late)
+        self._late_block = contextlib.ExitStack()
+        self._late_block.enter_context(late.active())
+
+    def close_late(self) -> None:
+        block, self._late_block = self._late_block, None
+        if block is not None:
+            block.close()
+
+    def answer_backward(self, scope: Scope, t: Tracked, name: Any) -> Any:
+        """A read in the traced backward: an int the instance holds is a counted value
+        (computed again at each run-time backward); anything else is guarded in the forward."""
+        if not isinstance(name, str) or t.plain_inner or not isinstance(t.data, _Where):
+            return None
+        value = capture.obj_dict(t.obj).get(name, MISSING)
+        if value is MISSING:
+            value, origin = capture.eager_lookup(t.real, name)
+            if origin == "absent":
+                self._guard(t, name, MISSING)
+                t.set_answer(name, MISSING)
+                raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
+        if type(value) is int:
+            key = (t.data.index, t.data.path, name)
+            value = counters.CountedInt(value, ("read", key), self.tape)
+            capture.obj_dict(t.obj)[name] = value
+            t.expected[name] = value
+        elif not isinstance(value, torch.Tensor):
+            self._guard(t, name, value)
+        t.settled.add(name)
+        return value
 
     def plan_backward(self) -> None:
-        """Plan the writes the backward made (constants), replayed once per backward call.
+        """Plan the writes the backward made, replayed every time the compiled backward runs.
 
-        The backward of a traced pass ran on instances restored to the entry state,
-        while eager's backward sees the state the forward left: exact only for attributes
-        the forward did not write, so the others are refused.
+        The backward of a traced pass ran on instances restored to the entry state, while
+        eager's backward sees the state the forward left: exact only for attributes the
+        forward did not write, so the others are refused. Constants are set as written;
+        counted values are computed again from what the backward read (counters.py).
         """
+        self.close_late()
         recorded = self.record.recorded if self.record is not None else {}
         late: dict[tuple, PlannedWrite] = {}
         forward = {(w.input_index, w.path, w.name) for w in self.writes or ()}
         for scope in self._late:
-            for w in scope.settle():
+            for w in scope.net_writes(scope.settle()):
                 t = w.tracked
                 where: _Where = t.data
-                planned = PlannedWrite(where.index, where.path, w.name, ValueFrom.CONSTANT, w.value, entry=w.old)
+                if isinstance(w.value, counters.CountedInt):
+                    planned = PlannedWrite(where.index, where.path, w.name, ValueFrom.COUNTED, w.value.expr)
+                    is_replayable = True
+                else:
+                    planned = PlannedWrite(where.index, where.path, w.name, ValueFrom.CONSTANT, w.value, entry=w.old)
+                    is_replayable = classify(w.value) is ValueKind.CONSTANT and not w.in_place
                 kind, why = RefusalKind.WRITE_IN_BACKWARD, None
-                if classify(w.value) is not ValueKind.CONSTANT or w.in_place:
-                    why = "only constant writes are replayed at backward time"
+                if not is_replayable:
+                    why = "only constants and counts are replayed at backward time"
                 elif (where.index, where.path, w.name) in forward or w.name in recorded.get(id(t.real), ()):
                     why = "the forward writes the same attribute"
                 elif late.setdefault((where.index, where.path, w.name), planned).signature() != planned.signature():
@@ -213,22 +255,50 @@ class Planner:
             writes=tuple(self.writes or ()),
             n_extra=self.n_extra,
             backward_writes=tuple(self.backward),
+            backward_decisions=tuple(self.tape.decisions) if self.backward else (),
             entry_reads=tuple(self.entry_reads.values()),
             guarded=self.record is not None,
         )
 
     # -- reads --------------------------------------------------------------
 
-    def answer(self, scope: Scope, t: Tracked, name: str) -> Any:
+    def source_of(self, real: Any) -> Any:
+        """The Dynamo source of a real object (None when AOTAutograd is called directly)."""
+        return self.record.sources.get(id(real)) if self.record is not None else None
+
+    def _guard(self, t: Tracked, name: Any, value: Any) -> None:
+        """Guard what a pass read from the real object, if Dynamo's guards are being collected."""
+        from torch._dynamo.source import AttrSource
+
+        source = self.source_of(t.real)
+        if source is None:
+            if isinstance(name, str):
+                self.note_entry_read(t, name, value)
+            return
+        if name is capture.KEYS:
+            guards.keys(source)
+        elif isinstance(name, capture.Unshadowed):
+            guards.absent(source, name.name)
+        elif name == "_version":
+            guards.version(source, value)
+        elif value is MISSING:
+            guards.absent(source, name)
+        elif not isinstance(value, torch.Tensor) and not capture.is_registered(value) and not is_code_object(value):
+            guards.constant(AttrSource(source, name), value)
+
+    def answer(self, scope: Scope, t: Tracked, name: Any) -> Any:
         """Answer a pass's read from the real input (Dynamo seeded its graph values already)."""
         if t.shared or not isinstance(t.data, _Where):
-            t.settled.add(name)
-            return getattr(t.obj, name)
+            if isinstance(name, str):
+                t.settled.add(name)
+                return getattr(t.obj, name)
+            return None
         real = t.real
         if name is capture.KEYS or isinstance(name, capture.Unshadowed):
-            return None  # Dynamo guards these; called directly, the entry reads are checked
+            self._guard(t, name, None)
+            return None
         if name == "_version":
-            self.note_entry_read(t, name, real._version)
+            self._guard(t, name, real._version)
             return real._version
         held = t.traced_counterpart(name)
         if held is not MISSING:
@@ -236,7 +306,7 @@ class Planner:
             return held
         value, origin = capture.eager_lookup(real, name)
         if origin == "absent":
-            self.note_entry_read(t, name, MISSING)
+            self._guard(t, name, MISSING)
             t.set_answer(name, MISSING)
             raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
         if isinstance(value, torch.Tensor):
@@ -247,7 +317,7 @@ class Planner:
                     return answer
             held = capture.obj_dict(t.obj).get(name, MISSING)
             if isinstance(held, torch.Tensor):  # unflatten restored one: the pass's own
-                self.note_entry_read(t, name, value)
+                self._guard(t, name, value)
                 t.settled.add(name)
                 return held
             raise SubclassWriteError(
@@ -263,7 +333,7 @@ class Planner:
         answer = trace_copy(value)
         if answer is MISSING and not is_code_object(value):
             raise SubclassWriteError(RefusalKind.UNSUPPORTED_STATE_READ, t.cls_name, name, type(value).__name__)
-        self.note_entry_read(t, name, value)
+        self._guard(t, name, value)
         t.set_answer(name, value if answer is MISSING else answer)
         return value if answer is MISSING else answer
 
@@ -508,6 +578,7 @@ def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             planner.plan_backward()
         finally:
             planner.pass_state = []
+            planner.close_late()
             planner._late = []
         plan = planner.freeze()
         planner.real_inputs = []  # compile-time only: the compiled function must not keep inputs alive

@@ -37,7 +37,7 @@ from typing import Any, Callable, NoReturn
 import torch
 import torch.fx
 
-from . import capture, config, free_state, handoff
+from . import capture, config, free_state, guards, handoff
 from .capture import Scope, Tracked, Write
 from .errors import RefusalKind, refuse
 from .values import (
@@ -161,6 +161,7 @@ class FrameState:
         from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
         t = self.scope.track(fake, real, ref)
+        self.record.sources[id(real)] = ref.source
         self.watch.add(type(real).__module__)
         for name in t.flatten_names:
             inner_fake, inner_real = getattr(fake, name, None), getattr(real, name, None)
@@ -173,6 +174,7 @@ class FrameState:
                 self._track_real(inner_fake, inner_real, inner_ref)
             elif self.scope.lookup(inner_fake) is None:
                 self.scope.track(inner_fake, inner_real, inner_ref, plain_inner=True)
+                self.record.sources[id(inner_real)] = source
         for path, obj in capture.find_state(real):
             if self.scope.lookup(obj) is None:
                 source = ref.source
@@ -189,18 +191,16 @@ class FrameState:
         real = t.real
         if name is capture.KEYS:
             if ref is not None and ref.source is not None and not t.shared:
-                from torch._dynamo.source import AttrSource
-
-                _guard(AttrSource(ref.source, "__dict__"), "DICT_KEYS_MATCH")
+                guards.keys(ref.source)
             return None
         if isinstance(name, capture.Unshadowed):
             if ref is not None and ref.source is not None:
-                _guard_absent(ref.source, name.name)
+                guards.absent(ref.source, name.name)
             return None
         if name == "_version":
             version = real._version
             if ref is not None and ref.source is not None:
-                _guard_version(ref.source, version)
+                guards.version(ref.source, version)
             return version
         held = t.traced_counterpart(name)
         if held is not MISSING:
@@ -209,7 +209,7 @@ class FrameState:
         value, origin = capture.eager_lookup(real, name)
         if origin == "absent":
             if ref is not None and ref.source is not None and not t.shared:
-                _guard_absent(ref.source, name)
+                guards.absent(ref.source, name)
             t.set_answer(name, MISSING)
             raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
         if ref is None or ref.source is None:  # not reachable from a graph input
@@ -235,7 +235,7 @@ class FrameState:
                     return answer
             raise _NeedsSeed(t, name)
         if capture.is_registered(value):
-            _guard(source, "ID_MATCH")
+            guards.guard(source, "ID_MATCH")
             t.settled.add(name)
             if scope.lookup(value) is None:
                 scope.track(value, value, Ref(None, source, ref.node, ref.path + (("attr", name),)))
@@ -243,13 +243,13 @@ class FrameState:
         if type(value) is int and not self._in_hop():
             answer = self._build_scalar(t, ref, name, source, value)
         elif is_immutable_constant(value):
-            _guard_constant(self.tx, source, value)
+            guards.constant(source, value)
             answer = value
         elif is_code_object(value):
-            _guard(source, "ID_MATCH")
+            guards.guard(source, "ID_MATCH")
             answer = value
         elif isinstance(value, PLAIN_MUTABLE) and not contains_tensor(value):
-            _guard_constant(self.tx, source, value)
+            guards.constant(source, value)
             answer = trace_copy(value)
         else:
             _refuse_read(t, name, value)
@@ -274,7 +274,7 @@ class FrameState:
         if not t.shared and _in_flatten_ctx(t.real, name):
             # AOTAutograd bakes a subclass's ctx into the graph (and into outputs built
             # from it): a value it carries stays a guarded constant.
-            _guard_constant(self.tx, source, value)
+            guards.constant(source, value)
             return value
         vt = LazyVariableTracker.realize_all(VariableBuilder(self.tx, source, allow_lazy_constant=False)(value))
         if isinstance(vt, ConstantVariable):
@@ -283,7 +283,7 @@ class FrameState:
             self._insert_seed(ref, name, vt.as_proxy().node)
             return vt.sym_num
         # Anything else (an unspecialized float Dynamo carries as a tensor): guard by value.
-        _guard_constant(self.tx, source, value)
+        guards.constant(source, value)
         return value
 
     def _insert_seed(self, ref: Ref, name: str, value: Any) -> None:
@@ -338,11 +338,11 @@ class FrameState:
                 holder = self.tx.output.install_global_by_id("__dynamo_ext_cell", r.cell)
                 source = AttrSource(GlobalSource(holder), "cell_contents")
             if is_immutable_constant(value) or (isinstance(value, PLAIN_MUTABLE) and not contains_tensor(value)):
-                _guard_constant(self.tx, source, value)
+                guards.constant(source, value)
             elif capture.is_registered(value) or free_state.is_user_code(getattr(sys.modules.get(type(value).__module__), "__file__", "") or ""):
                 # A user object: its attribute reads are answered and guarded like a
                 # registered ctx-state object's, which needs the op run again.
-                _guard(source, "ID_MATCH")
+                guards.guard(source, "ID_MATCH")
                 if self.scope.lookup(value) is None:
                     self.scope.track(value, value, Ref(None, source, None))
                     self.record.shared_objects.append(value)
@@ -516,64 +516,6 @@ def _in_flatten_ctx(real: Any, name: str) -> bool:
 # --------------------------------------------------------------------------- #
 # Guards
 # --------------------------------------------------------------------------- #
-
-
-def _guard(source: Any, kind: str, **kwargs: Any) -> None:
-    from torch._dynamo.guards import GuardBuilder, install_guard
-
-    fn = getattr(GuardBuilder, kind)
-    install_guard(source.make_guard(functools.partial(fn, **kwargs) if kwargs else fn))
-
-
-def _guard_version(source: Any, version: int) -> None:
-    """Guard a tensor's version counter (no GuardBuilder method for it: a lambda guard)."""
-    _guard_lambda(source, lambda x: x._version == version, f"._version == {version}")
-
-
-def _guard_absent(source: Any, name: str) -> None:
-    """Guard that ``name`` is still not in the real object's ``__dict__``."""
-    from torch._dynamo.source import AttrSource
-
-    _guard(AttrSource(source, "__dict__"), "DICT_NOT_CONTAINS", key=name)
-
-
-# Values Dynamo's EQUALS_MATCH guard accepts (guards.py, GuardBuilder.EQUALS_MATCH).
-_EQUALS_GUARDABLE = (
-    int, float, complex, bool, str, bytes, type(None), tuple, frozenset, list, set,
-    torch.Size, torch.dtype, torch.device, torch.layout, torch.memory_format,
-)
-
-
-def _guard_constant(tx: Any, source: Any, value: Any) -> None:
-    """Guard that the real attribute still equals the constant the trace used (by value:
-    never through VariableBuilder, whose floats and ints may become symbolic inputs)."""
-    import copy
-    import enum
-
-    if type(value) in _EQUALS_GUARDABLE and not _holds_unguardable(value):
-        _guard(source, "EQUALS_MATCH")
-    elif isinstance(value, enum.Enum):
-        _guard(source, "ID_MATCH")
-    else:  # a frozen dataclass, a dict of constants, ...: compared by ==
-        expected = copy.deepcopy(value)
-        _guard_lambda(source, lambda x: type(x) is type(expected) and x == expected, f"== {expected!r}")
-
-
-def _guard_lambda(source: Any, check: Callable[[Any], bool], text: str) -> None:
-    from torch._dynamo.guards import get_verbose_code_parts, install_guard
-
-    def create(builder: Any, guard: Any) -> None:
-        code = f"{builder.arg_ref(guard)} {text}"
-        builder.get_guard_manager(guard).add_lambda_guard(check, get_verbose_code_parts(code, guard), guard.user_stack)
-
-    install_guard(source.make_guard(create))
-
-
-def _holds_unguardable(value: Any) -> bool:
-    """Containers holding values EQUALS_MATCH cannot compare (nested dicts, objects)."""
-    if isinstance(value, (tuple, frozenset, list, set)):
-        return any(type(v) not in _EQUALS_GUARDABLE or _holds_unguardable(v) for v in value)
-    return False
 
 
 # --------------------------------------------------------------------------- #

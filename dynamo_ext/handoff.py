@@ -36,12 +36,15 @@ class DynamoRecord:
     ``fullgraph``: a refusal must raise (else the frame falls back to eager);
     ``shared_objects``: objects dispatch reached through globals or closures, which
     AOTAutograd's passes must also leave as they found them.
-    """
+    """  # noqa: D205
 
     recorded: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     observed: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     fullgraph: bool = True
     shared_objects: list[Any] = dataclasses.field(default_factory=list)
+    #: ``{id(real object): its Dynamo source}``: the AOTAutograd layer guards what only
+    #: its passes read (the traced backward) while the frame's guards are being collected.
+    sources: dict[int, Any] = dataclasses.field(default_factory=dict)
 
 
 _RECORD: contextvars.ContextVar[DynamoRecord | None] = contextvars.ContextVar("dynamo_ext_record", default=None)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.utils._pytree as pytree
 
-from . import capture
+from . import capture, counters
 from .errors import RefusalKind, SubclassWriteError
 from .values import HELD_TENSOR, MISSING, ValueKind, classify
 
@@ -31,6 +31,7 @@ class ValueFrom(enum.Enum):
     OUTPUT = "output"  # value: position among the extra outputs
     INPUT = "input"  # value: position of the input it aliases
     INNER = "inner"  # value: (input position, path, attribute) of a tensor an input held
+    COUNTED = "counted"  # value: an expression over attributes read (counters.py), computed at run time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +79,8 @@ class WritePlan:
     writes: tuple[PlannedWrite, ...] = ()
     n_extra: int = 0
     backward_writes: tuple[PlannedWrite, ...] = ()
+    #: what the traced backward decided from counted values: each must hold again
+    backward_decisions: tuple[counters.Decision, ...] = ()
     entry_reads: tuple[EntryRead, ...] = ()
     #: Dynamo guards the inputs' state; called directly, the entry state is checked per call.
     guarded: bool = True
@@ -158,16 +161,34 @@ class Replay:
         return out
 
     def arm_backward(self, inputs: Sequence[Any], out: Any) -> None:
-        """Set the backward's writes when the compiled backward of this call runs."""
+        """Set the backward's writes each time the compiled backward of this call runs."""
         node = _compiled_backward_node(out)
         if node is None:  # nothing requires grad: there will be no backward
             return
         inputs = list(inputs)
-        writes = self.plan.backward_writes
+        writes, decisions = self.plan.backward_writes, self.plan.backward_decisions
+
+        def read(key: tuple) -> Any:
+            index, path, name = key
+            return getattr(capture.follow(inputs[index], path), name)
 
         def after_backward(grad_inputs: Any, grad_outputs: Any) -> None:
-            for w in writes:
-                setattr(w.target(inputs), w.name, w.value)
+            for d in decisions:
+                now = counters.evaluate(d.expr, read)
+                if now != d.value:
+                    w = writes[0]
+                    raise SubclassWriteError(
+                        RefusalKind.WRITE_IN_BACKWARD,
+                        type(w.target(inputs)).__name__,
+                        w.name,
+                        "int",
+                        context=f"the compiled backward was traced where {d.expr} was {d.value!r}; now it is {now!r}",
+                    )
+            values = [
+                counters.evaluate(w.value, read) if w.value_from is ValueFrom.COUNTED else w.value for w in writes
+            ]
+            for w, value in zip(writes, values):
+                setattr(w.target(inputs), w.name, value)
 
         node.register_hook(after_backward)
 

@@ -1,0 +1,156 @@
+"""Counters written in the backward: recorded as arithmetic on what the backward read.
+
+AOTAutograd traces the backward once, at compile time; eager runs dispatch again at
+every ``backward()``.  A backward that counts (``self.bwd = self.bwd + 1``) would be
+replayed as the constant it wrote while traced.  Instead, while the backward is traced,
+an int attribute of a tracked instance reads as a ``CountedInt``: an int (the traced
+value) that also records how it was computed from the attributes read.  A written
+``CountedInt`` is planned as that expression and evaluated on the real objects each
+time the compiled backward runs (``evaluate``).
+
+What the traced code decided from such a value (a comparison, a branch) is recorded too
+(``Decision``); at run time a decision that would go the other way is refused rather
+than replayed (the backward graph was traced for the other branch).  A value that flows
+into a tensor op (where torch reads it with ``__index__``) is pinned the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any, Callable
+
+#: An expression: ("read", key) | ("const", value) | (op name, expr, expr)
+Expr = tuple
+
+_BINARY: dict[str, Callable[[Any, Any], Any]] = {
+    "add": operator.add,
+    "sub": operator.sub,
+    "mul": operator.mul,
+    "floordiv": operator.floordiv,
+    "mod": operator.mod,
+    "pow": operator.pow,
+    "and": operator.and_,
+    "or": operator.or_,
+    "xor": operator.xor,
+    "lshift": operator.lshift,
+    "rshift": operator.rshift,
+    "max": max,
+    "min": min,
+}
+_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+    "eq": operator.eq,
+    "ne": operator.ne,
+    "lt": operator.lt,
+    "le": operator.le,
+    "gt": operator.gt,
+    "ge": operator.ge,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """``expr`` evaluated to ``value`` while traced (a comparison's outcome, a pinned int)."""
+
+    expr: Expr
+    value: Any
+
+
+class Tape:
+    """The decisions the traced backward made from counted values."""
+
+    def __init__(self) -> None:
+        self.decisions: list[Decision] = []
+
+
+def _expr(value: Any) -> Expr:
+    return value.expr if isinstance(value, CountedInt) else ("const", value)
+
+
+class CountedInt(int):
+    """An int read from a tracked instance while the backward is traced."""
+
+    expr: Expr
+    tape: Tape
+
+    def __new__(cls, value: int, expr: Expr, tape: Tape) -> "CountedInt":
+        obj = super().__new__(cls, value)
+        obj.expr = expr
+        obj.tape = tape
+        return obj
+
+    def _combine(self, op: str, other: Any, reverse: bool = False) -> Any:
+        if type(other) not in (int, CountedInt) or type(other) is bool:
+            return self._pin()._plain_op(op, other, reverse)
+        a, b = (other, int(self)) if reverse else (int(self), int(other))
+        ea, eb = (_expr(other), self.expr) if reverse else (self.expr, _expr(other))
+        return CountedInt(_BINARY[op](a, b), (op, ea, eb), self.tape)
+
+    def _plain_op(self, op: str, other: Any, reverse: bool) -> Any:
+        a, b = (other, int(self)) if reverse else (int(self), other)
+        return _BINARY[op](a, b)
+
+    def _pin(self) -> "CountedInt":
+        """The value is used as a plain int from here on: the backward depends on it."""
+        self.tape.decisions.append(Decision(self.expr, int(self)))
+        return self
+
+    def _compare(self, op: str, other: Any) -> bool:
+        result = _COMPARE[op](int(self), int(other) if isinstance(other, CountedInt) else other)
+        self.tape.decisions.append(Decision((op, self.expr, _expr(other)), result))
+        return result
+
+    def __add__(self, o: Any) -> Any: return self._combine("add", o)  # noqa: E704
+    def __radd__(self, o: Any) -> Any: return self._combine("add", o, True)  # noqa: E704
+    def __sub__(self, o: Any) -> Any: return self._combine("sub", o)  # noqa: E704
+    def __rsub__(self, o: Any) -> Any: return self._combine("sub", o, True)  # noqa: E704
+    def __mul__(self, o: Any) -> Any: return self._combine("mul", o)  # noqa: E704
+    def __rmul__(self, o: Any) -> Any: return self._combine("mul", o, True)  # noqa: E704
+    def __floordiv__(self, o: Any) -> Any: return self._combine("floordiv", o)  # noqa: E704
+    def __rfloordiv__(self, o: Any) -> Any: return self._combine("floordiv", o, True)  # noqa: E704
+    def __mod__(self, o: Any) -> Any: return self._combine("mod", o)  # noqa: E704
+    def __rmod__(self, o: Any) -> Any: return self._combine("mod", o, True)  # noqa: E704
+    def __pow__(self, o: Any) -> Any: return self._combine("pow", o)  # noqa: E704
+    def __and__(self, o: Any) -> Any: return self._combine("and", o)  # noqa: E704
+    def __or__(self, o: Any) -> Any: return self._combine("or", o)  # noqa: E704
+    def __xor__(self, o: Any) -> Any: return self._combine("xor", o)  # noqa: E704
+    def __lshift__(self, o: Any) -> Any: return self._combine("lshift", o)  # noqa: E704
+    def __rshift__(self, o: Any) -> Any: return self._combine("rshift", o)  # noqa: E704
+    def __neg__(self) -> Any: return CountedInt(-int(self), ("sub", ("const", 0), self.expr), self.tape)  # noqa: E704
+    def __pos__(self) -> Any: return self  # noqa: E704
+    def __eq__(self, o: Any) -> bool: return self._compare("eq", o)  # type: ignore[override]  # noqa: E704
+    def __ne__(self, o: Any) -> bool: return self._compare("ne", o)  # type: ignore[override]  # noqa: E704
+    def __lt__(self, o: Any) -> bool: return self._compare("lt", o)  # noqa: E704
+    def __le__(self, o: Any) -> bool: return self._compare("le", o)  # noqa: E704
+    def __gt__(self, o: Any) -> bool: return self._compare("gt", o)  # noqa: E704
+    def __ge__(self, o: Any) -> bool: return self._compare("ge", o)  # noqa: E704
+    def __bool__(self) -> bool: return self._compare("ne", 0)  # noqa: E704
+    def __hash__(self) -> int: return hash(int(self._pin()))  # noqa: E704
+    def __index__(self) -> int: return int(self._pin())  # noqa: E704
+    def __int__(self) -> int: return int.__int__(self)  # noqa: E704
+    def __float__(self) -> float: return float(int(self._pin()))  # noqa: E704
+    def __str__(self) -> str: return str(int(self._pin()))  # noqa: E704
+    def __repr__(self) -> str: return repr(int(self))  # noqa: E704
+    def __format__(self, spec: str) -> str: return format(int(self._pin()), spec)  # noqa: E704
+
+    def __reduce__(self) -> Any:  # never stored: the plan keeps the expression
+        return (int, (int(self),))
+
+
+def evaluate(expr: Expr, read: Callable[[Any], Any]) -> Any:
+    kind = expr[0]
+    if kind == "read":
+        return read(expr[1])
+    if kind == "const":
+        return expr[1]
+    if kind in _COMPARE:
+        return _COMPARE[kind](evaluate(expr[1], read), evaluate(expr[2], read))
+    return _BINARY[kind](evaluate(expr[1], read), evaluate(expr[2], read))
+
+
+def reads_in(expr: Expr) -> list[Any]:
+    if expr[0] == "read":
+        return [expr[1]]
+    if expr[0] == "const":
+        return []
+    return reads_in(expr[1]) + reads_in(expr[2])
