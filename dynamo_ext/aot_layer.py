@@ -51,6 +51,9 @@ from .values import (
     GRAPH_VALUE,
     HELD_TENSOR,
     MISSING,
+    PLAIN_MUTABLE,
+    contains_tensor,
+    is_immutable_constant,
     ValueKind,
     classify,
     is_code_object,
@@ -96,6 +99,7 @@ class Planner:
         self.pass_state: list[tuple[Any, str, Any]] = []
         self._late: list[Scope] = []  # scopes still tracking a finished pass's instances
         self._late_block: contextlib.ExitStack | None = None
+        self.in_joint = False  # inside AOTAutograd's joint forward+backward function
         self.tape = counters.Tape()  # what the traced backward decided from counted values
 
     def real_of(self, index: int) -> Any:
@@ -182,12 +186,14 @@ class Planner:
         answered as counted values (See counters.py)."""
         self.close_late()
         late = Scope(answer=self.answer_backward, label="backward")
+        late.check_inner = False
         for t in scope.tracked.values():
             if isinstance(t.data, _Where):
                 late.track(t.obj, t.real, t.data, plain_inner=t.plain_inner)
         self._late.append(late)
-        self._late_block = contextlib.ExitStack()
-        self._late_block.enter_context(late.active())
+        if self.in_joint:  # the backward is traced next, inside the joint function
+            self._late_block = contextlib.ExitStack()
+            self._late_block.enter_context(late.active())
 
     def close_late(self) -> None:
         block, self._late_block = self._late_block, None
@@ -199,6 +205,10 @@ class Planner:
         (computed again at each run-time backward); anything else is guarded in the forward."""
         if not isinstance(name, str) or t.plain_inner or not isinstance(t.data, _Where):
             return None
+        held = t.traced_counterpart(name)
+        if held is not MISSING:
+            t.settled.add(name)
+            return held
         value = capture.obj_dict(t.obj).get(name, MISSING)
         if value is MISSING:
             value, origin = capture.eager_lookup(t.real, name)
@@ -283,7 +293,7 @@ class Planner:
             guards.version(source, value)
         elif value is MISSING:
             guards.absent(source, name)
-        elif not isinstance(value, torch.Tensor) and not capture.is_registered(value) and not is_code_object(value):
+        elif is_immutable_constant(value) or (isinstance(value, PLAIN_MUTABLE) and not contains_tensor(value)):
             guards.constant(AttrSource(source, name), value)
 
     def answer(self, scope: Scope, t: Tracked, name: Any) -> Any:
@@ -656,3 +666,29 @@ def make_try_load_hook(original: Any) -> Any:
         return fn(mod, args, aot_config, *rest, **kwargs)
 
     return staticmethod(try_load)
+
+
+def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``create_joint`` as bound in AOTAutograd's graph capture: the joint
+    function runs the traced forward, then the backward; the backward's reads and writes
+    are recorded in the forward pass's late scope, active only inside the joint call."""
+
+    @functools.wraps(original)
+    def create_joint(*args: Any, **kwargs: Any) -> Any:
+        joint = original(*args, **kwargs)
+        planner = _PENDING.get()
+        if planner is None:
+            return joint
+
+        @functools.wraps(joint)
+        def joint_with_backward(*a: Any, **kw: Any) -> Any:
+            planner.in_joint = True
+            try:
+                return joint(*a, **kw)
+            finally:
+                planner.in_joint = False
+                planner.close_late()
+
+        return joint_with_backward
+
+    return create_joint

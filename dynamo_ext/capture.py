@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 from . import _patches
-from .values import MISSING, PLAIN_MUTABLE, TORCH_INTERNAL_ATTRS, contains_symbolic, contains_tensor, user_state
+from .values import MISSING, PLAIN_MUTABLE, contains_symbolic, contains_tensor, is_torch_internal, user_state
 
 _local = threading.local()
 
@@ -401,7 +401,7 @@ def check_inner(t: Tracked, name: str, get: Callable[[Any, str], Any]) -> None:
 
 
 def _where(t: Tracked, name: str) -> str:
-    if name in TORCH_INTERNAL_ATTRS:
+    if is_torch_internal(name):
         return _PASS  # torch's caches: its own
     cls_attr = class_attribute(type(t.obj), name)
     if cls_attr is not MISSING and _is_data_descriptor(cls_attr):
@@ -431,6 +431,9 @@ class Scope:
         self.thread = threading.get_ident()
         self._settled_upto = 0
         self.constructing: set[int] = set()  # registered objects inside their __init__
+        #: Inner tensors the traced instance lacks are refused (the backward's scope does
+        #: not: its instances are a finished pass's)
+        self.check_inner = True
         #: Called with the frame of traced code that touched a tracked object (the Dynamo
         #: layer finds the user code dispatch runs this way: free_state.Collector).
         self.on_access: Callable[[Any], None] | None = None
@@ -506,7 +509,8 @@ class Scope:
             self._before_user_getattr(t)
             raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
         if name in t.flatten_names:
-            check_inner(t, name, get)
+            if self.check_inner:
+                check_inner(t, name, get)
             t.settled.add(name)
             return get(t.obj, name)
         where = _where(t, name)
@@ -592,7 +596,7 @@ class Scope:
         """Put every tracked object back as it was when tracking began."""
         for t in reversed(list(self.tracked.values())):
             d = obj_dict(t.obj)
-            internal = {k: d[k] for k in TORCH_INTERNAL_ATTRS if k in d}  # torch's, left as they are
+            internal = {k: v for k, v in d.items() if is_torch_internal(k)}  # torch's, left as they are
             d.clear()
             d.update(t.entry)
             d.update(internal)
@@ -662,7 +666,7 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
 
     def __setattr__(obj: Any, name: str, value: Any) -> None:
         scope, t = _tracked_here(obj)
-        if scope is not None and name not in TORCH_INTERNAL_ATTRS and id(obj) not in scope.constructing:
+        if scope is not None and not is_torch_internal(name) and id(obj) not in scope.constructing:
             if t is None:  # a registered state object the trace reached through a ctx
                 t = scope.track(obj, obj)
             scope.write(t, name, value)
@@ -670,7 +674,7 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
 
     def __delattr__(obj: Any, name: str) -> None:
         scope, t = _tracked_here(obj)
-        if scope is not None and name not in TORCH_INTERNAL_ATTRS:
+        if scope is not None and not is_torch_internal(name):
             if t is None:
                 t = scope.track(obj, obj)
             scope.delete(t, name)

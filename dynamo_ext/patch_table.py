@@ -64,6 +64,14 @@ TABLE: list[Patch] = [
         "it gets the run-time replay of the frozen write plan.",
     ),
     Patch(
+        "torch._functorch._aot_autograd.graph_capture",
+        "create_joint",
+        aot_layer.make_create_joint_hook,
+        why="The joint function traces the forward (a tracing pass) then the backward: the "
+        "backward's reads and writes on the pass's instances are recorded while it runs "
+        "(counters it bumps are replayed at every backward). Imported there by name.",
+    ),
+    Patch(
         "torch._functorch._aot_autograd.autograd_cache:AOTAutogradCache",
         "try_load",
         aot_layer.make_try_load_hook,

@@ -71,33 +71,23 @@ GRAPH_VALUE_TYPES = (torch.Tensor, *SYMBOLIC_TYPES)
 # seeded or restored; copying the length without the capsule aborts the process.
 # torch.Tensor's own Python-level bookkeeping (hooks, Dynamo's markers) lives in the
 # instance dict too and is torch's business.
-TORCH_INTERNAL_ATTRS = frozenset(
+_TORCH_INTERNAL_NAMES = frozenset(
     name + suffix
     for name in ("_sizes_capsule", "_strides_capsule", "_sym_sizes_capsule", "_sym_strides_capsule")
     for suffix in ("", "_len")
-) | frozenset(
-    (
-        "_backward_hooks",
-        "_post_accumulate_grad_hooks",
-        "_dynamo_static_input_type",
-        "_dynamo_weak_static_address",
-        "_dynamo_dynamic_indices",
-        "_dynamo_dynamic_range",
-        "_dynamo_unbacked_indices",
-        "_dynamo_shape_ids",
-        "_dynamo_strict_unbacked_indices",
-        "_dynamo_marked_static",
-        "_dynamo_propagated_dynamic_indices",
-        "_dynamo_tag",
-    )
-)
+) | frozenset(("_backward_hooks", "_post_accumulate_grad_hooks"))
+_TORCH_INTERNAL_PREFIXES = ("_dynamo_", "_has_dynamo")
+
+
+def is_torch_internal(name: str) -> bool:
+    return name in _TORCH_INTERNAL_NAMES or name.startswith(_TORCH_INTERNAL_PREFIXES)
 
 
 def user_state(d: dict) -> dict:
-    """``d`` (an instance ``__dict__``) without torch's own cache entries."""
-    if TORCH_INTERNAL_ATTRS.isdisjoint(d):
+    """``d`` (an instance ``__dict__``) without torch's own entries."""
+    if not any(is_torch_internal(k) for k in d):
         return d
-    return {k: v for k, v in d.items() if k not in TORCH_INTERNAL_ATTRS}
+    return {k: v for k, v in d.items() if not is_torch_internal(k)}
 
 
 def same_value(old: Any, new: Any) -> bool:
