@@ -200,12 +200,14 @@ class CodeMarks:
         self._lock = threading.Lock()
         self._codes: set[Any] = set()
 
-    def run_eagerly(self, code: Any) -> None:
+    def run_eagerly(self, code: Any, recursive: bool = True) -> None:
+        """Never compile ``code``; ``recursive``: nor the functions it calls."""
         from torch._dynamo.eval_frame import set_code_exec_strategy
         from torch._dynamo.types import FrameAction, FrameExecStrategy
 
+        inner = FrameAction.SKIP if recursive else FrameAction.DEFAULT
         with self._lock:
-            set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+            set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, inner))
             self._codes.add(code)
 
     def release_all(self) -> None:

@@ -725,11 +725,51 @@ def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., An
         if state is None:
             return original(self, *args, **kwargs)
         state.close()
-        state.record.fullgraph = bool(getattr(self.root_tx, "one_graph", False) or getattr(self.root_tx, "error_on_graph_break", False))
-        with handoff.handing_off(state.record):
-            return original(self, *args, **kwargs)
+        fullgraph = bool(getattr(self.root_tx, "one_graph", False) or getattr(self.root_tx, "error_on_graph_break", False))
+        state.record.fullgraph = fullgraph
+        try:
+            with handoff.handing_off(state.record):
+                return original(self, *args, **kwargs)
+        except torch._dynamo.exc.BackendCompilerFailed as e:
+            refusal = _refusal_in(e)
+            if refusal is None or fullgraph:
+                raise
+            _run_frame_eagerly(self.root_tx, refusal)
 
     return compile_subgraph
+
+
+def _refusal_in(exc: BaseException) -> Any:
+    from .errors import SubclassWriteError
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, SubclassWriteError):
+            return exc
+        exc = getattr(exc, "inner_exception", None) or exc.__cause__ or exc.__context__
+    return None
+
+
+def _run_frame_eagerly(tx: Any, refusal: Any) -> NoReturn:
+    """An AOTAutograd-layer refusal under ``fullgraph=False``: nothing may raise that eager
+    does not. The frame (or the part after a graph break) and everything it calls run
+    eagerly, now and on later calls, as Dynamo runs a frame it cannot resume (a soft
+    failure with a recursive skip strategy); the reason goes where graph breaks go (the
+    graph_breaks log, Dynamo's graph-break counters)."""
+    from torch._dynamo.exc import Unsupported
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+    from torch._dynamo.utils import counters
+
+    reason = f"{refusal.kind.gb_type}: the frame runs eagerly. {refusal}"
+    counters["graph_break"][refusal.kind.gb_type] += 1
+    log.warning("%s: %s runs eagerly", refusal.kind.gb_type, tx.f_code.co_name)
+    from . import _patches
+
+    _patches.CODE_MARKS.run_eagerly(tx.f_code)  # so that disable() lifts it
+    error = Unsupported(reason)
+    error.frame_exec_strategy = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+    raise error from refusal
 
 
 def make_guard_deepcopy(original: Callable[..., Any]) -> Callable[..., Any]:

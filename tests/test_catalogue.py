@@ -266,17 +266,29 @@ def _run_backward(out):
         out.sum().backward()
 
 
-@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breakable"])
 @pytest.mark.parametrize("case", AOT_REFUSED, ids=[c[0] for c in AOT_REFUSED])
-def test_aot_layer_refusal_input_untouched(case, fullgraph, layers):
+def test_aot_layer_refusal_input_untouched(case, layers):
     _, program, make, backward, kind, cls, attr = case
     inputs = make()
     before = [picture(t) for t in inputs]
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
-        _run_backward(torch.compile(program, backend="aot_eager", fullgraph=fullgraph)(*inputs))
+        _run_backward(torch.compile(program, backend="aot_eager", fullgraph=True)(*inputs))
     assert_refusal(info.value, kind, cls, attr)
     for t, b in zip(inputs, before):
         assert_untouched(t, b)
+
+
+@pytest.mark.parametrize("case", AOT_REFUSED, ids=[c[0] for c in AOT_REFUSED])
+def test_aot_layer_refusal_breakable_runs_eagerly(case, layers):
+    """fullgraph=False: nothing raises that eager does not; the frame runs eagerly (eager
+    state, call after call, no recompiles) and the reason is counted as a graph break."""
+    _, program, make, backward, kind, cls, attr = case
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    outcome = differential(program, make, backend="aot_eager", fullgraph=False, calls=3, backward=backward)
+    assert outcome.frames == 1  # one compile, refused: from then on the frame runs eagerly
+    assert counters["graph_break"][kind.gb_type] >= 1
 
 
 @pytest.mark.parametrize("case", AOT_REFUSED, ids=[c[0] for c in AOT_REFUSED])
