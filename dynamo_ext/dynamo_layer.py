@@ -83,6 +83,10 @@ class FrameState:
         self.scope = Scope(answer=self._answer, label="dynamo")
         self.record = handoff.DynamoRecord()
         self.collector = free_state.Collector(_OP_BOUNDARY)  # user code that ran in dispatch
+        # Ints read by dispatch that became symbolic inputs: their symbols, and those a
+        # subclass input carries in its flatten ctx (See Note [Symbolic ints in a flatten ctx])
+        self.symbols: set[Any] = set()
+        self.symbolic_ctx: dict[int, dict[str, Any]] = {}
         self.watch = free_state.ModuleWatch()  # module globals dispatch must leave alone
         self.scope.on_access = self.collector.on_access
         self._node: torch.fx.Node | None = None  # the op being propagated
@@ -128,6 +132,32 @@ class FrameState:
 
     def close(self) -> None:
         self.scope.restore()
+
+    def replay_symbolic_outputs(self) -> None:
+        """See Note [Symbolic ints in a flatten ctx]: a subclass the graph computed that holds
+        one of the frame's symbolic ints (its ctx was built from a counter) gets the int's
+        run-time value set after the call; Dynamo drops the write if the tensor does not
+        escape the frame."""
+        from torch._dynamo.variables import TensorVariable
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+        if not self.symbols or not config.dynamo_layer:
+            return
+        side_effects = self.tx.output.side_effects
+        for vt in list(side_effects.id_to_variable.values()):
+            if not isinstance(vt, TensorVariable) or vt.source is not None or not side_effects.is_attribute_mutation(vt):
+                continue
+            fake = vt.proxy.node.meta.get("example_value")
+            if not is_traceable_wrapper_subclass(fake):
+                continue
+            for name, value in list(capture.obj_dict(fake).items()):
+                if isinstance(value, torch.SymInt) and value.node.expr.free_symbols & self.symbols:
+                    if side_effects.has_pending_mutation_of_attr(vt, name):
+                        continue
+                    proxy = self.tx.output.create_proxy("call_function", handoff.read_attr, (vt.as_proxy(), (), name), {})
+                    from torch._dynamo.variables.builder import wrap_fx_proxy
+
+                    side_effects.store_attr(vt, name, wrap_fx_proxy(self.tx, proxy))
 
     # -- tracking -----------------------------------------------------------
 
@@ -271,17 +301,17 @@ class FrameState:
         from torch._dynamo.variables.builder import VariableBuilder
         from torch._dynamo.variables.lazy import LazyVariableTracker
 
-        if not t.shared and _in_flatten_ctx(t.real, name):
-            # AOTAutograd bakes a subclass's ctx into the graph (and into outputs built
-            # from it): a value it carries stays a guarded constant.
-            guards.constant(source, value)
-            return value
         vt = LazyVariableTracker.realize_all(VariableBuilder(self.tx, source, allow_lazy_constant=False)(value))
         if isinstance(vt, ConstantVariable):
             return value
         if isinstance(vt, SymNodeVariable):
             self._insert_seed(ref, name, vt.as_proxy().node)
-            return vt.sym_num
+            symbol = vt.sym_num
+            self.symbols |= symbol.node.expr.free_symbols
+            if not t.shared and _in_flatten_ctx(t.real, name):
+                # See Note [Symbolic ints in a flatten ctx]
+                self.symbolic_ctx.setdefault(id(t.real), {})[name] = symbol
+            return symbol
         # Anything else (an unspecialized float Dynamo carries as a tensor): guard by value.
         guards.constant(source, value)
         return value
@@ -724,6 +754,7 @@ def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., An
         state: FrameState | None = self.__dict__.get(_STATE_KEY)
         if state is None:
             return original(self, *args, **kwargs)
+        state.replay_symbolic_outputs()
         state.close()
         fullgraph = bool(getattr(self.root_tx, "one_graph", False) or getattr(self.root_tx, "error_on_graph_break", False))
         state.record.fullgraph = fullgraph
@@ -770,6 +801,42 @@ def _run_frame_eagerly(tx: Any, refusal: Any) -> NoReturn:
     error = Unsupported(reason)
     error.frame_exec_strategy = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
     raise error from refusal
+
+
+# Note [Symbolic ints in a flatten ctx]
+#     A counter kept in a subclass's flatten ctx (``tag += 1`` in dispatch) would be
+#     guarded by Dynamo's ctx guard (TENSOR_SUBCLASS_METADATA_MATCH) and recompile at
+#     every call. Once Dynamo's automatic dynamic makes the int a symbolic input (after
+#     its first change, as for an int attribute user code reads), three things keep it
+#     symbolic: the ctx guard compares every ctx entry but those (the symbolic int is
+#     guarded through its own source); AOTAutograd's passes read the symbol through the
+#     seed node, not the traced ctx; and outputs whose ctx dispatch built from it (which
+#     AOTAutograd rebuilds from the ctx it traced) get the int's run-time value set after
+#     the call (``FrameState.replay_symbolic_outputs``).
+
+
+def make_metadata_guard_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``GuardBuilder.TENSOR_SUBCLASS_METADATA_MATCH``: the ctx guard
+    leaves out the entries that hold the frame's symbolic ints (See Note [Symbolic ints in
+    a flatten ctx]); torch's own code treats a SymInt in a ctx as always equal."""
+
+    @functools.wraps(original)
+    def TENSOR_SUBCLASS_METADATA_MATCH(self: Any, guard: Any) -> Any:
+        output = getattr(getattr(self, "check_fn_manager", None), "output_graph", None)
+        state = getattr(output, "__dict__", {}).get(_STATE_KEY)
+        value = self.get(guard)
+        symbolic = state.symbolic_ctx.get(id(value)) if state is not None else None
+        if not symbolic:
+            return original(self, guard)
+        d = capture.obj_dict(value)
+        saved = {name: d[name] for name in symbolic}
+        d.update(symbolic)
+        try:
+            return original(self, guard)
+        finally:
+            d.update(saved)
+
+    return TENSOR_SUBCLASS_METADATA_MATCH
 
 
 def make_guard_deepcopy(original: Callable[..., Any]) -> Callable[..., Any]:

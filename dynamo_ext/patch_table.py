@@ -41,6 +41,13 @@ TABLE: list[Patch] = [
         "(_MaskPartial.__eq__), so the copy must keep them or the guard never holds.",
     ),
     Patch(
+        "torch._dynamo.guards:GuardBuilder",
+        "TENSOR_SUBCLASS_METADATA_MATCH",
+        dynamo_layer.make_metadata_guard_hook,
+        why="A counter in a subclass's flatten ctx that became a symbolic input must not be "
+        "specialized again by the ctx guard (See Note [Symbolic ints in a flatten ctx]).",
+    ),
+    Patch(
         "torch._functorch.aot_autograd",
         "prepare_aot_module_simplified",
         aot_layer.make_prepare_hook,
