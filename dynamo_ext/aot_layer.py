@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.utils._pytree as pytree
 
-from . import capture, config, counters, guards, handoff
+from . import capture, config, counters, free_state, guards, handoff
 from .capture import Scope, Tracked, Write
 from .errors import RefusalKind, SubclassWriteError
 from .plan import EntryRead, PlannedWrite, Replay, ValueFrom, WritePlan
@@ -54,6 +54,7 @@ from .values import (
     PLAIN_MUTABLE,
     contains_tensor,
     is_immutable_constant,
+    is_torch_internal,
     ValueKind,
     classify,
     is_code_object,
@@ -90,6 +91,7 @@ class Planner:
         self.record = record
         self.epilogue = epilogue  # False: the entry point has no run-time epilogue (export)
         self.writes: list[PlannedWrite] | None = None
+        self.output_writes: list[PlannedWrite] | None = None
         self.n_extra = 0
         self.passes = 0
         self.entry_reads: dict[tuple[int, capture.Path, str], EntryRead] = {}
@@ -158,7 +160,7 @@ class Planner:
             planned.append(write)
         self.passes += 1
         if self.writes is None:
-            self.writes, self.n_extra = planned, len(extras)
+            self.writes = planned
         elif [p.signature() for p in planned] != [p.signature() for p in self.writes]:
             first = (planned or self.writes)[0]
             raise SubclassWriteError(
@@ -169,6 +171,31 @@ class Planner:
                 context=f"pass 1 planned {self.writes}; pass {self.passes} planned {planned}",
             )
         return extras
+
+    def plan_outputs(self, outputs: Sequence[Any], extras: list[Any]) -> None:
+        """See Note [Symbolic ints in a flatten ctx] (dynamo_layer.py): an output subclass
+        whose ctx dispatch built from a symbolic int is rebuilt at run time from the ctx
+        AOTAutograd traced, holding a SymInt of the trace; the int's run-time value (an
+        extra output) is set on it after each call. torch's own subclasses (NestedTensor's
+        nested ints) are left to torch."""
+        from .values import SYMBOLIC_TYPES
+
+        planned = []
+        for k, out in enumerate(outputs):
+            if not _is_subclass(out) or not free_state.is_user_class(type(out)):
+                continue
+            for name, value in capture.obj_dict(out).items():
+                if isinstance(value, SYMBOLIC_TYPES) and not is_torch_internal(name):
+                    extras.append(value)
+                    planned.append(PlannedWrite(-1, (), name, ValueFrom.OUTPUT, len(extras) - 1, output_index=k))
+        if self.output_writes is None:
+            self.output_writes = planned
+        elif [p.signature() for p in planned] != [p.signature() for p in self.output_writes]:
+            raise SubclassWriteError(
+                RefusalKind.INCONSISTENT_PASSES, type(outputs[planned[0].output_index]).__name__ if planned else "output",
+                (planned or self.output_writes)[0].name, "SymInt",
+                context=f"pass 1 planned {self.output_writes}; pass {self.passes} planned {planned}",
+            )
 
     def note_entry_read(self, t: Tracked, name: str, value: Any) -> None:
         if isinstance(t.data, _Where):
@@ -262,7 +289,7 @@ class Planner:
 
     def freeze(self) -> WritePlan:
         return WritePlan(
-            writes=tuple(self.writes or ()),
+            writes=tuple(self.writes or ()) + tuple(self.output_writes or ()),
             n_extra=self.n_extra,
             backward_writes=tuple(self.backward),
             backward_decisions=tuple(self.tape.decisions) if self.backward else (),
@@ -451,6 +478,15 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
             else:
                 planner.pass_state = [(w.tracked.obj, w.name, w.value) for w in net if w.tracked.shared]
                 extras = planner.plan_pass(leaves, scope, net)
+                if flat_outputs:
+                    planner.plan_outputs(out, extras)
+                if planner.passes == 1:
+                    planner.n_extra = len(extras)
+                elif len(extras) != planner.n_extra:
+                    raise SubclassWriteError(
+                        RefusalKind.INCONSISTENT_PASSES, "traced function", "<outputs>", "extra outputs",
+                        context=f"pass 1 returned {planner.n_extra} extra outputs, pass {planner.passes} {len(extras)}",
+                    )
         finally:
             scope.restore()
         if planner is not None:

@@ -747,7 +747,15 @@ def _make_symbolic_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any
             return format(_concrete(self), spec)
         return format_(self, spec)
 
-    return {"__str__": __str__, "__repr__": __repr__, "__format__": __format__}
+    hash_ = base("__hash__")
+
+    def __hash__(self: Any) -> int:
+        # A dict key or set member in user code: the value it has here, guarded.
+        if getattr(_local, "scope", None) is not None and _called_from_user(2):
+            return hash(_concrete(self))
+        return hash_(self)
+
+    return {"__str__": __str__, "__repr__": __repr__, "__format__": __format__, "__hash__": __hash__}
 
 
 # --------------------------------------------------------------------------- #

@@ -46,7 +46,9 @@ from .values import (
     PLAIN_MUTABLE,
     ValueKind,
     classify,
+    contains_symbolic,
     contains_tensor,
+    is_torch_internal,
     is_code_object,
     is_immutable_constant,
     refusal_for,
@@ -132,32 +134,6 @@ class FrameState:
 
     def close(self) -> None:
         self.scope.restore()
-
-    def replay_symbolic_outputs(self) -> None:
-        """See Note [Symbolic ints in a flatten ctx]: a subclass the graph computed that holds
-        one of the frame's symbolic ints (its ctx was built from a counter) gets the int's
-        run-time value set after the call; Dynamo drops the write if the tensor does not
-        escape the frame."""
-        from torch._dynamo.variables import TensorVariable
-        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
-        if not self.symbols or not config.dynamo_layer:
-            return
-        side_effects = self.tx.output.side_effects
-        for vt in list(side_effects.id_to_variable.values()):
-            if not isinstance(vt, TensorVariable) or vt.source is not None or not side_effects.is_attribute_mutation(vt):
-                continue
-            fake = vt.proxy.node.meta.get("example_value")
-            if not is_traceable_wrapper_subclass(fake):
-                continue
-            for name, value in list(capture.obj_dict(fake).items()):
-                if isinstance(value, torch.SymInt) and value.node.expr.free_symbols & self.symbols:
-                    if side_effects.has_pending_mutation_of_attr(vt, name):
-                        continue
-                    proxy = self.tx.output.create_proxy("call_function", handoff.read_attr, (vt.as_proxy(), (), name), {})
-                    from torch._dynamo.variables.builder import wrap_fx_proxy
-
-                    side_effects.store_attr(vt, name, wrap_fx_proxy(self.tx, proxy))
 
     # -- tracking -----------------------------------------------------------
 
@@ -301,6 +277,11 @@ class FrameState:
         from torch._dynamo.variables.builder import VariableBuilder
         from torch._dynamo.variables.lazy import LazyVariableTracker
 
+        if not free_state.is_user_class(type(t.obj)):
+            # torch's own subclasses (NestedTensor, DTensor) hash and compare their ints:
+            # they stay guarded constants, as Dynamo keeps their ctx.
+            guards.constant(source, value)
+            return value
         vt = LazyVariableTracker.realize_all(VariableBuilder(self.tx, source, allow_lazy_constant=False)(value))
         if isinstance(vt, ConstantVariable):
             return value
@@ -754,7 +735,6 @@ def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., An
         state: FrameState | None = self.__dict__.get(_STATE_KEY)
         if state is None:
             return original(self, *args, **kwargs)
-        state.replay_symbolic_outputs()
         state.close()
         fullgraph = bool(getattr(self.root_tx, "one_graph", False) or getattr(self.root_tx, "error_on_graph_break", False))
         state.record.fullgraph = fullgraph
@@ -812,7 +792,7 @@ def _run_frame_eagerly(tx: Any, refusal: Any) -> NoReturn:
 #     guarded through its own source); AOTAutograd's passes read the symbol through the
 #     seed node, not the traced ctx; and outputs whose ctx dispatch built from it (which
 #     AOTAutograd rebuilds from the ctx it traced) get the int's run-time value set after
-#     the call (``FrameState.replay_symbolic_outputs``).
+#     the call (``aot_layer.Planner.plan_outputs``).
 
 
 def make_metadata_guard_hook(original: Callable[..., Any]) -> Callable[..., Any]:

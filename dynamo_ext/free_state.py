@@ -50,6 +50,11 @@ def is_user_code(filename: str) -> bool:
     return not os.path.realpath(filename).startswith(_EXCLUDED_DIRS)
 
 
+def is_user_class(cls: type) -> bool:
+    module = sys.modules.get(cls.__module__)
+    return is_user_code(getattr(module, "__file__", "") or "")
+
+
 @functools.lru_cache(maxsize=4096)
 def loaded_globals(code: types.CodeType) -> tuple[str, ...]:
     return tuple(

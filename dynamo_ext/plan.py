@@ -46,9 +46,12 @@ class PlannedWrite:
     entry: Any = MISSING  # the attribute's value when tracing started: a constant, MISSING, HELD_TENSOR
     obj: Any = None  # a registered state object written on (shared with eager by reference)
     born: int = -1  # for an object the traced code made: its position among those of its pass
+    output_index: int = -1  # a write on the compiled function's output at that position
 
     def signature(self) -> tuple:
-        if self.obj is None:
+        if self.output_index >= 0:
+            where: Any = ("output", self.output_index)
+        elif self.obj is None:
             where: Any = (self.input_index, self.path)
         elif self.born >= 0:  # each pass makes its own: compared by role, not identity
             where = ("new", type(self.obj).__name__, self.born)
@@ -120,7 +123,12 @@ class Replay:
     def __init__(self, plan: WritePlan) -> None:
         self.plan = plan
         # One flat tuple per write, computed once.
-        self._steps = [(w.obj, w.input_index, w.path, w.name, w.value_from, w.value, w.entry) for w in plan.writes]
+        self._steps = [
+            (w.obj, w.input_index, w.path, w.name, w.value_from, w.value, w.entry)
+            for w in plan.writes
+            if w.output_index < 0
+        ]
+        self._output_steps = [(w.output_index, w.name, w.value) for w in plan.writes if w.output_index >= 0]
         self._cut = plan.n_extra
 
     def strip(self, out: Any) -> tuple[Any, Sequence[Any]]:
@@ -154,6 +162,8 @@ class Replay:
     def __call__(self, inputs: Sequence[Any], out: Any) -> Any:
         if not self.plan.guarded:
             check_entry(self.plan, inputs)
+        for index, name, extra in self._output_steps:  # before stripping: positions of the full output
+            setattr(out[index], name, out[len(out) - self._cut + extra])
         out, extras = self.strip(out)
         self.apply(inputs, extras)
         if self.plan.backward_writes:

@@ -26,7 +26,7 @@ def aot_only():
 
 
 CASES = [
-    ("ctx_counter", S.CounterTensor, {}, 3, 3),
+    ("ctx_counter", S.CounterTensor, {}, 3, 2),
     ("growing_flatten_cache", S.GrowingCacheTensor, {}, 3, 2),
     ("cache_outside_ctx", S.CachingTensor, {}, 3, 2),
     ("dict_counter", S.CallCounter, {}, 3, 3),
