@@ -172,29 +172,34 @@ class Planner:
             )
         return extras
 
-    def plan_outputs(self, outputs: Sequence[Any], extras: list[Any]) -> None:
-        """See Note [Symbolic ints in a flatten ctx] (dynamo_layer.py): an output subclass
-        whose ctx dispatch built from a symbolic int is rebuilt at run time from the ctx
-        AOTAutograd traced, holding a SymInt of the trace; the int's run-time value (an
-        extra output) is set on it after each call. torch's own subclasses (NestedTensor's
-        nested ints) are left to torch."""
-        from .values import SYMBOLIC_TYPES
-
+    def plan_outputs(self, args: Sequence[Any], outputs: Sequence[Any], extras: list[Any]) -> None:
+        """Outputs hold what dispatch gave them. AOTAutograd rebuilds an output subclass at
+        run time from the flatten ctx it traced: attributes outside the ctx are lost, and a
+        ctx built from a symbolic int holds a SymInt of the trace (See Note [Symbolic ints
+        in a flatten ctx] in dynamo_layer.py). Every such attribute is set on the run-time
+        output after each call: constants as traced, tensors and symbolic ints as extra
+        outputs. torch's own subclasses (NestedTensor's nested ints) are left to torch."""
         planned = []
         for k, out in enumerate(outputs):
-            if not _is_subclass(out) or not free_state.is_user_class(type(out)):
+            if not _is_subclass(out) or not free_state.is_user_class(type(out)) or any(out is a for a in args):
                 continue
+            inner = {n for n in capture._flatten_names(out)}
             for name, value in capture.obj_dict(out).items():
-                if isinstance(value, SYMBOLIC_TYPES) and not is_torch_internal(name):
-                    extras.append(value)
-                    planned.append(PlannedWrite(-1, (), name, ValueFrom.OUTPUT, len(extras) - 1, output_index=k))
+                if name in inner or is_torch_internal(name):
+                    continue
+                kind = classify(value)
+                if kind is ValueKind.CONSTANT:
+                    planned.append(PlannedWrite(-1, (), name, ValueFrom.CONSTANT, value, output_index=k))
+                elif kind in (ValueKind.SYMBOLIC, ValueKind.TENSOR):
+                    value_from, where = _graph_value(args, value, {}, extras)
+                    planned.append(PlannedWrite(-1, (), name, value_from, where, output_index=k))
         if self.output_writes is None:
             self.output_writes = planned
         elif [p.signature() for p in planned] != [p.signature() for p in self.output_writes]:
+            first = (planned or self.output_writes)[0]
             raise SubclassWriteError(
-                RefusalKind.INCONSISTENT_PASSES, type(outputs[planned[0].output_index]).__name__ if planned else "output",
-                (planned or self.output_writes)[0].name, "SymInt",
-                context=f"pass 1 planned {self.output_writes}; pass {self.passes} planned {planned}",
+                RefusalKind.INCONSISTENT_PASSES, type(outputs[first.output_index]).__name__, first.name,
+                type(first.value).__name__, context=f"pass 1 planned {self.output_writes}; pass {self.passes} planned {planned}",
             )
 
     def note_entry_read(self, t: Tracked, name: str, value: Any) -> None:
@@ -479,7 +484,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                 planner.pass_state = [(w.tracked.obj, w.name, w.value) for w in net if w.tracked.shared]
                 extras = planner.plan_pass(leaves, scope, net)
                 if flat_outputs:
-                    planner.plan_outputs(out, extras)
+                    planner.plan_outputs(leaves, out, extras)
                 if planner.passes == 1:
                     planner.n_extra = len(extras)
                 elif len(extras) != planner.n_extra:

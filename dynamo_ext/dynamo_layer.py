@@ -282,7 +282,11 @@ class FrameState:
             # they stay guarded constants, as Dynamo keeps their ctx.
             guards.constant(source, value)
             return value
-        vt = LazyVariableTracker.realize_all(VariableBuilder(self.tx, source, allow_lazy_constant=False)(value))
+        # wrap_symint, not the builder's int path: that one assumes ints of nn.Modules and
+        # of globals are configuration and always specializes them, while this int is
+        # state on a tensor (a parameter's step counter) that changes every call.
+        # specialize_int, automatic_dynamic_shapes and the dynamic-source lists still apply.
+        vt = LazyVariableTracker.realize_all(VariableBuilder(self.tx, source).wrap_symint(value))
         if isinstance(vt, ConstantVariable):
             return value
         if isinstance(vt, SymNodeVariable):

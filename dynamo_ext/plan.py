@@ -128,7 +128,9 @@ class Replay:
             for w in plan.writes
             if w.output_index < 0
         ]
-        self._output_steps = [(w.output_index, w.name, w.value) for w in plan.writes if w.output_index >= 0]
+        self._output_steps = [
+            (w.output_index, w.name, w.value_from, w.value) for w in plan.writes if w.output_index >= 0
+        ]
         self._cut = plan.n_extra
 
     def strip(self, out: Any) -> tuple[Any, Sequence[Any]]:
@@ -162,8 +164,13 @@ class Replay:
     def __call__(self, inputs: Sequence[Any], out: Any) -> Any:
         if not self.plan.guarded:
             check_entry(self.plan, inputs)
-        for index, name, extra in self._output_steps:  # before stripping: positions of the full output
-            setattr(out[index], name, out[len(out) - self._cut + extra])
+        base = len(out) - self._cut  # extra outputs follow the caller's
+        for index, name, value_from, value in self._output_steps:
+            if value_from is ValueFrom.OUTPUT:
+                value = out[base + value]
+            elif value_from is ValueFrom.INPUT:
+                value = inputs[value]
+            setattr(out[index], name, value)
         out, extras = self.strip(out)
         self.apply(inputs, extras)
         if self.plan.backward_writes:

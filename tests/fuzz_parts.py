@@ -245,6 +245,10 @@ def _equal(v: Any) -> Any:
     return v
 
 
+def _rows(t: torch.Tensor) -> Any:
+    return t.shape[0] if t.dim() > 0 else 0
+
+
 def _scale_by(out: Any, factors: list) -> Any:
     for f in factors:
         if isinstance(f, torch.Tensor):
@@ -438,14 +442,16 @@ def make_subclass(spec: Spec) -> tuple[type, type | None, Callable[[str, float],
                 elif k == "sym_size":
                     value = first.elem.shape
                 elif k == "sym_rows":
-                    value = first.elem.shape[0]
+                    value = _rows(first.elem)
                 elif k == "sym_numel":
                     value = first.elem.numel()
                 elif k == "sym_desc":
-                    value = f"{first.elem.shape[0]}x{first.elem.shape[1]}"
+                    # 2-d on inputs and results; the backward also dispatches on 0-d gradients
+                    shape = first.elem.shape
+                    value = f"{shape[0]}x{shape[1]}" if len(shape) == 2 else f"{first.elem.numel()}"
                 else:  # sym_acc
                     prev = read(first, w.attr)
-                    value = (prev if _is_int(prev) else 0) + first.elem.shape[0]
+                    value = (prev if _is_int(prev) else 0) + _rows(first.elem)
                 if w.attr in growing and (not isinstance(value, torch.Tensor) or value is first.elem):
                     # a flatten list names distinct tensors: no constants, no second name for elem
                     value = first.elem * 3
@@ -530,10 +536,12 @@ class Program:
     batch: str = "same"  # "same": the same inputs every call; "grow": new inputs, more rows each call
     changes: tuple[Change, ...] = ()
     ext_changes: tuple[tuple[int, str, float], ...] = ()  # (before call, source, value)
+    break_top: bool = False  # the graph break in the compiled function itself, not in the op loop
+    reads_globals: bool = False  # user code reads GAIN and TABLE too (returned as outputs)
 
-    def __call__(self, *xs):
-        vals = list(xs)
-        for k, (op, i, j) in enumerate(self.steps):
+    def _steps(self, vals: list, lo: int, hi: int, brk: bool) -> list:
+        for k in range(lo, hi):
+            op, i, j = self.steps[k]
             a, b = vals[i % len(vals)], vals[j % len(vals)]
             if op == "mul":
                 vals.append(a * b)
@@ -541,13 +549,33 @@ class Program:
                 vals.append(a + b)
             else:
                 vals.append(a.sin())
-            if self.break_after == k:
+            if brk and self.break_after == k:
                 torch._dynamo.graph_break()
-        return tuple(vals[len(xs) :])
+        return vals
+
+    def __call__(self, *xs):
+        """The program, its graph break (if any) inside the op loop of this nested frame."""
+        return self.tail(self._steps(list(xs), 0, len(self.steps), True), len(xs))
+
+    def head(self, xs: Sequence[Any]) -> list:
+        """The ops up to the graph break (``break_top``: the caller breaks the graph)."""
+        return self._steps(list(xs), 0, self.break_after + 1, False)
+
+    def tail(self, vals: list, n_inputs: int, start: int | None = None) -> tuple:
+        if start is not None:
+            vals = self._steps(vals, start, len(self.steps), False)
+        out = tuple(vals[n_inputs:])
+        if self.reads_globals:
+            out = out + (GAIN, TABLE.get("k"))
+        return out
 
     @property
     def fullgraph(self) -> bool:
         return self.break_after is None or self.break_after >= len(self.steps)
+
+    @property
+    def splits_at_top(self) -> bool:
+        return self.break_top and not self.fullgraph
 
 
 ROWS = (2, 3, 5, 4)
@@ -720,7 +748,11 @@ def program_st(draw, spec: Spec) -> Program:
                 )
             )
         )
-    return Program(n_inputs, steps, break_after, requires_grad, calls, dynamic, batch, changes, ext_changes)
+    break_top = draw(st.booleans()) if break_after is not None else False
+    reads_globals = draw(st.booleans()) if spec.ext_reads else False
+    return Program(
+        n_inputs, steps, break_after, requires_grad, calls, dynamic, batch, changes, ext_changes, break_top, reads_globals
+    )
 
 
 @st.composite
@@ -858,6 +890,10 @@ def _run_case(spec: Spec, program: Program, backend: str) -> None:
     ignore = frozenset({spec.unflatten[0]}) if spec.unflatten else frozenset()
 
     def fn(*xs):
+        if program.splits_at_top:
+            vals = program.head(xs)
+            torch._dynamo.graph_break()
+            return program.tail(vals, len(xs), program.break_after + 1)
         return program(*xs)
 
     counter = CompileCounterWithBackend(backend)
