@@ -91,7 +91,7 @@ def main(argv=None):
     p.add_argument("--compile-reps", type=int, default=9)
     p.add_argument("--backend", default="aot_eager", choices=["aot_eager", "inductor"])
     args = p.parse_args(argv)
-    from .__main__ import setup
+    from .runner import setup
     from .bench_writes import measure
 
     s = presets.full(args.backend)

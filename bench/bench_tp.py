@@ -271,7 +271,7 @@ def main(argv=None):
     p.add_argument("--backend", default="inductor")
     p.add_argument("--plot", default="bench/results/tp_step.png")
     args = p.parse_args(argv)
-    from .__main__ import setup
+    from .runner import setup
 
     s = presets.full(args.backend)
     s.tp_rounds, s.tp_steps = args.reps, args.steps

@@ -325,7 +325,7 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=31, help="interleaved rounds")
     p.add_argument("--backend", default="aot_eager")
     args = p.parse_args(argv)
-    from .__main__ import setup
+    from .runner import setup
 
     s = presets.full(args.backend)
     s.rounds = args.reps

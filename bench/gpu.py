@@ -103,7 +103,7 @@ def main(argv=None) -> int:
 def _run(s, keys, out: Path, bundle: bool, echo) -> int:
     import torch
 
-    from bench.__main__ import run_sections, setup
+    from bench.runner import run_sections, setup
 
     t0 = time.perf_counter()
     s.started = t0

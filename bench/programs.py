@@ -7,34 +7,21 @@ from __future__ import annotations
 import types
 
 import torch
-from torch.utils._pytree import tree_map_only
+
+from dynamo_ext.testing import WrapperTensor
 
 
-class _Wrapper(torch.Tensor):
-    @staticmethod
-    def __new__(cls, elem, **attrs):
-        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
-        r.elem = elem
-        r.__dict__.update(attrs)
-        return r
-
-    def __tensor_flatten__(self):
-        return ["elem"], None
-
-    @classmethod
-    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
-        return cls(inner["elem"])
+class _Wrapper(WrapperTensor):
+    """The shared wrapper base; ``write(first)`` runs on every ``mul``."""
 
     @classmethod
     def write(cls, first):
         pass
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+    def on_op(cls, func, first):
         if func is torch.ops.aten.mul.Tensor:
-            cls.write(next(a for a in args if isinstance(a, cls)))
-        out = func(*tree_map_only(cls, lambda t: t.elem, args), **(kwargs or {}))
-        return tree_map_only(torch.Tensor, cls, out)
+            cls.write(first)
 
 
 class Quiet(_Wrapper):

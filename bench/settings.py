@@ -43,6 +43,8 @@ class Settings:
     profile_worst: bool = True
     # Per-call profile.
     profile_calls: int = 10_000
+    # Section 5: training steps of the float8-style model.
+    counter_steps: int = 100
     # The GPU script stops starting new work after this many seconds (None: no limit).
     budget_s: float | None = None
     started: float = dataclasses.field(default_factory=time.perf_counter)
@@ -93,6 +95,7 @@ def quick(backend: str = "aot_eager") -> Settings:
         scale_rounds=3,
         profile_worst=False,
         profile_calls=1000,
+        counter_steps=12,
     )
 
 

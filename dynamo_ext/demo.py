@@ -16,68 +16,38 @@ the output and the input's attributes after the call.
 from __future__ import annotations
 
 import torch
-from torch.utils._pytree import tree_map_only
 
 import dynamo_ext
+from dynamo_ext.testing import WrapperTensor
 
 
-class _Wrapper(torch.Tensor):
-    @staticmethod
-    def __new__(cls, elem: torch.Tensor, **attrs: object) -> "_Wrapper":
-        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
-        r.elem = elem
-        r.__dict__.update(attrs)
-        return r
+class CountingTensor(WrapperTensor):
+    """ctx = (calls,): every multiplication increments ``calls``."""
+
+    CTX = ("calls",)
 
     @classmethod
-    def record(cls, func: object, first: "_Wrapper") -> None:
-        raise NotImplementedError
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
-        first = next(a for a in args if isinstance(a, cls))
+    def on_op(cls, func, first):
         if func is torch.ops.aten.mul.Tensor:
-            cls.record(func, first)
-        out = func(*tree_map_only(cls, lambda t: t.elem, args), **(kwargs or {}))
-        return tree_map_only(torch.Tensor, cls, out)
+            first.calls += 1
 
-    def __repr__(self) -> str:  # type: ignore[override]
+    def __repr__(self) -> str:
         return f"{type(self).__name__}({self.elem.tolist()})"
 
 
-class CountingTensor(_Wrapper):
-    """ctx = (calls,): every multiplication increments ``calls``."""
-
-    calls = 0
-
-    def __tensor_flatten__(self):
-        return ["elem"], (self.calls,)
-
-    @staticmethod
-    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
-        return CountingTensor(inner["elem"], calls=ctx[0])
-
-    @classmethod
-    def record(cls, func, first):
-        first.calls += 1
-
-
-class AmaxTensor(_Wrapper):
+class AmaxTensor(WrapperTensor):
     """Caches ``amax`` on the first multiplication; the flatten list grows to include it."""
 
+    INNER = ("elem", "amax")
     amax = None
 
-    def __tensor_flatten__(self):
-        return (["elem", "amax"] if self.amax is not None else ["elem"]), None
-
-    @staticmethod
-    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
-        return AmaxTensor(inner["elem"], **({"amax": inner["amax"]} if "amax" in inner else {}))
-
     @classmethod
-    def record(cls, func, first):
-        if first.amax is None:
+    def on_op(cls, func, first):
+        if func is torch.ops.aten.mul.Tensor and first.amax is None:
             first.amax = first.elem.abs().amax()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.elem.tolist()})"
 
 
 def _state(x: torch.Tensor) -> str:

@@ -287,7 +287,7 @@ def make_inner(inner: Inner) -> type:
                 return out
             name = op_name(func)
             if name is not None and name == inner.ctx_op:
-                first.ops = first.ops + 1
+                first.ops = first.ops + 1 if _is_int(first.ops) else 1  # the outer may write a str there
             if name is not None and name == inner.dict_op:
                 if inner.dict_kind == "counter":
                     first.hits = getattr(first, "hits", 0) + 1

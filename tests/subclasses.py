@@ -13,80 +13,16 @@ import enum
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._pytree import tree_map_only
+from torch.utils._pytree import tree_map_only  # noqa: F401
+
+from dynamo_ext.testing import WrapperTensor
 
 aten = torch.ops.aten
 
 
-class WritingTensor(torch.Tensor):
-    CTX: tuple[str, ...] = ()
-
-    @staticmethod
-    def __new__(cls, elem, requires_grad=False, **attrs):
-        r = torch.Tensor._make_wrapper_subclass(
-            cls,
-            elem.shape,
-            strides=elem.stride(),
-            storage_offset=elem.storage_offset(),
-            dtype=elem.dtype,
-            device=elem.device,
-            requires_grad=requires_grad,
-        )
-        r.elem = elem
-        for name in cls.CTX:
-            setattr(r, name, cls.default(name))
-        for name, value in attrs.items():
-            setattr(r, name, value)
-        return r
-
-    @classmethod
-    def default(cls, name):
-        return 0
-
-    def __repr__(self):
-        return f"{type(self).__name__}({self.elem!r})"
-
-    def inner_names(self):
-        return ["elem"]
-
-    def __tensor_flatten__(self):
-        return self.inner_names(), tuple(getattr(self, n) for n in self.CTX)
-
-    @classmethod
-    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
-        r = cls(inner["elem"], **dict(zip(cls.CTX, ctx)))
-        for name, t in inner.items():
-            if name != "elem":
-                r.__dict__[name] = t
-        return r
-
-    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
-        # Tangents take the ctx AOTAutograd traced the output with (the ctx holds
-        # bookkeeping, not values that change the math).
-        return type(self)(self.elem, **dict(zip(self.CTX, expected_metadata)))
-
-    @classmethod
-    def on_op(cls, func, first):
-        pass
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        first = next(
-            (a for a in list(args) + list(kwargs.values()) if isinstance(a, cls)),
-            None,
-        )
-        if first is not None:
-            cls.on_op(func, first)
-        ctx = {n: getattr(first, n) for n in cls.CTX} if first is not None else {}
-        u_args = tree_map_only(cls, lambda t: t.elem, args)
-        u_kwargs = tree_map_only(cls, lambda t: t.elem, kwargs)
-        out = func(*u_args, **u_kwargs)
-        if func in (aten.detach.default, aten.alias.default) or not isinstance(out, torch.Tensor):
-            if isinstance(out, torch.Tensor):
-                return cls(out, **ctx)
-            return out
-        return tree_map_only(torch.Tensor, lambda t: cls(t, **ctx), out)
+class WritingTensor(WrapperTensor):
+    """The project's shared wrapper base (``dynamo_ext.testing``): ctx = the values of ``CTX``;
+    ``on_op(func, first)`` runs in dispatch before the op."""
 
 
 # ----------------------------------------------------------------- the issue's two
