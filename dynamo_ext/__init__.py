@@ -11,6 +11,7 @@ Modules, in the order of the flow:
     _compat       torch version facts
     _patches      patch machinery: the table's PatchSet, trace-scoped class hooks, code marks
     patch_table   every change to torch's modules
+    config        switches (torch's config-module machinery)
     errors        refusal records
     values        what a written or read value is, and whether it can be replayed
     capture       records every read and write a trace makes (compile time, both layers)
@@ -20,17 +21,20 @@ Modules, in the order of the flow:
     aot_layer     plans the writes of AOTAutograd's tracing passes (compile time)
     plan          the frozen write plan and its replay (run time)
     writeback     input data mutations written back per inner tensor where the subclass cannot copy_
+    dtensor       DTensor's MaskBuffer: its replay, and its pending mask kept out of fake copies
+    free_state    module globals and closure variables dispatch reads (guarded) or changes (refused)
+    guards        Dynamo guards on what a trace read
+    counters      counters written in the backward, replayed as arithmetic
     introspect    what the compiled code replays (residual bytecode)
+    testing       a wrapper subclass base for tests
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Iterator
 
-import torch
-
-from . import _compat, _patches, aot_layer, capture, config, dynamo_layer, free_state
+from . import _compat, _patches, aot_layer, config, dtensor, free_state
 from ._patches import Patch, PatchSet, PatchTargetError
 from .capture import register_ctx_state
 from .errors import RefusalKind, SubclassWriteError
@@ -62,30 +66,6 @@ def _compile_lock() -> contextlib.AbstractContextManager:
     return compile_lock
 
 
-def _replay_mask_buffer(buf: Any, entry: dict[str, Any], values: dict[str, Any]) -> None:
-    """DTensor's MaskBuffer as eager updates it: a trace that materialized a mask
-    (refcount up by one) materializes it (``materialize_mask``: a buffer still holding an
-    equal pending mask counts one more, a different one raises "conflicting data", as in
-    eager); one that released it releases it; anything else is set if the buffer still
-    holds its traced state."""
-    before, after = entry.get("refcount"), values.get("refcount", entry.get("refcount"))
-    if isinstance(before, int) and isinstance(after, int):
-        if after == before + 1 and isinstance(values.get("data"), torch.Tensor):
-            buf.materialize_mask(values["data"])
-            return
-        if after == before - 1 and set(values) <= {"refcount", "data"}:
-            buf.release_mask()
-            return
-    capture.replay_if_unchanged(buf, entry, values)
-
-
-def _register_defaults() -> None:
-    if _compat.HAS_DISTRIBUTED:
-        from torch.distributed.tensor._ops._mask_buffer import MaskBuffer
-
-        register_ctx_state(MaskBuffer, replay=_replay_mask_buffer)
-
-
 def enable() -> None:
     """Apply the patch table. Idempotent. Fails naming the target on an unsupported torch.
     Waits for a compile running in another thread to finish."""
@@ -93,7 +73,8 @@ def enable() -> None:
     with _compile_lock():
         _PATCHES.apply()
         aot_layer.resolve_entry_codes()
-        _register_defaults()
+        if _compat.HAS_DISTRIBUTED:
+            dtensor.register_defaults()
 
 
 def disable() -> None:

@@ -1,36 +1,52 @@
-"""The patch table: every change dynamo_ext makes to torch, in one place.
+"""Patch machinery: the table's rows and the set that applies them, trace-scoped class
+hooks, and run-eagerly marks on code objects.
 
-Each row names a target (module path + attribute), the replacement, why it is
-needed and the torch line it was written for.  ``apply()`` resolves every
-target first and fails naming the first one that is missing or not what the
-table expects; only then does it swap anything.  ``undo()`` puts back the exact
-original objects (tests check them with ``is``).
+Each ``Patch`` row names a target (module path + attribute), the replacement, why it is
+needed and the torch release lines it applies to.  ``PatchSet.apply()`` resolves every
+applicable target first and fails naming the first one that is missing or not what the
+table expects (a function the row says is defined there but is now only re-exported,
+say); only then does it swap anything.  ``undo()`` puts back the exact original objects
+(tests check them with ``is``).  Every replacement counts its calls (``hits``), so tests
+can prove each row is live on every supported torch.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 import importlib
 import threading
 import types
 from typing import Any, Callable, Iterable
 
+from . import _compat
 from .values import MISSING as _MISSING
 
 _PLAIN_CALLABLES = (types.FunctionType, type(object.__getattribute__), types.BuiltinFunctionType)
+_ALL_VERSIONS = _compat.SUPPORTED
 
 
 @dataclasses.dataclass(frozen=True)
 class Patch:
     module: str  # dotted module path, or "module:Class" for a class attribute
     attr: str
-    make_replacement: Callable[[Any], Any]  # original -> replacement
+    make_replacement: Callable[[Any], Any]  # original function -> replacement function
     why: str
-    torch_versions: str = "2.13"
+    versions: tuple[tuple[int, int], tuple[int, int]] = _ALL_VERSIONS  # release lines [first, last]
+    #: The target is defined in ``module`` (not re-exported there): checked at enable(), so a
+    #: function moved elsewhere (still importable under the old name, no longer called
+    #: through it) fails loudly instead of leaving the row inert.
+    defined_here: bool = True
 
     @property
     def target(self) -> str:
         return f"{self.module.replace(':', '.')}.{self.attr}"
+
+    @property
+    def versions_text(self) -> str:
+        (a, b), (c, d) = self.versions
+        return f"{a}.{b}" if (a, b) == (c, d) else f"{a}.{b}-{c}.{d}"
 
     def owner(self) -> Any:
         mod_name, _, cls_name = self.module.partition(":")
@@ -44,6 +60,19 @@ class PatchTargetError(RuntimeError):
     """A patch target is missing or changed: this torch is not the one the table was written for."""
 
 
+#: Calls of each replacement since enable(): ``{target: count}``.
+HITS: collections.Counter[str] = collections.Counter()
+
+
+def _counted(target: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        HITS[target] += 1
+        return fn(*args, **kwargs)
+
+    return counted
+
+
 class PatchSet:
     """Applies a table of patches as one unit, and undoes it exactly."""
 
@@ -55,25 +84,34 @@ class PatchSet:
     def applied(self) -> bool:
         return bool(self._originals)
 
+    def rows(self) -> list[Patch]:
+        """The rows that apply to this torch."""
+        return [p for p in self.table if _compat.applies(p.versions)]
+
     def resolve(self) -> list[tuple[Patch, Any, Any]]:
         resolved = []
-        for patch in self.table:
+        for patch in self.rows():
+            def fail(detail: str, patch: Patch = patch) -> PatchTargetError:
+                return PatchTargetError(
+                    f"dynamo_ext cannot patch {patch.target} (written for torch {patch.versions_text}, "
+                    f"found {_compat.TORCH_VERSION}): {detail}. Needed because: {patch.why}"
+                )
+
             try:
                 owner = patch.owner()
             except (ImportError, AttributeError) as e:
-                raise PatchTargetError(
-                    f"dynamo_ext cannot find patch target {patch.target} "
-                    f"(written for torch {patch.torch_versions}): {e}. Needed because: {patch.why}"
-                ) from e
+                raise fail(str(e)) from e
             # Look in the owner's own namespace: a class attribute inherited from
             # a base would be shadowed, not patched, by setattr.
             namespace = vars(owner)
-            if patch.attr not in namespace or not callable(namespace[patch.attr]):
-                raise PatchTargetError(
-                    f"dynamo_ext cannot find patch target {patch.target} "
-                    f"(written for torch {patch.torch_versions}). Needed because: {patch.why}"
-                )
-            resolved.append((patch, owner, namespace[patch.attr]))
+            value = namespace.get(patch.attr, _MISSING)
+            fn = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
+            if value is _MISSING or not callable(fn):
+                raise fail("not found")
+            defined_in = patch.module.partition(":")[0]
+            if patch.defined_here and getattr(fn, "__module__", defined_in) != defined_in:
+                raise fail(f"it is now defined in {fn.__module__} and only re-exported here")
+            resolved.append((patch, owner, value))
         return resolved
 
     def apply(self) -> None:
@@ -81,7 +119,10 @@ class PatchSet:
             return
         resolved = self.resolve()
         for patch, owner, original in resolved:
-            setattr(owner, patch.attr, patch.make_replacement(original))
+            kind = type(original) if isinstance(original, (classmethod, staticmethod)) else None
+            fn = original.__func__ if kind else original
+            replacement = _counted(patch.target, patch.make_replacement(fn))
+            setattr(owner, patch.attr, kind(replacement) if kind else replacement)
             self._originals.append((patch, owner, original))
 
     def undo(self) -> None:

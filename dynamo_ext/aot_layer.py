@@ -557,8 +557,16 @@ def _unwrap(fn: Any) -> Any:
     return fn
 
 
-def _caller_is(name: str, depth: int = 2) -> bool:
-    return sys._getframe(depth).f_code is _ENTRY_CODES.get(name)
+_OWN_DIR = __file__.rsplit("/", 1)[0]
+
+
+def _caller_is(name: str) -> bool:
+    """Whether the function that called our hook (the first frame outside dynamo_ext) is
+    the AOTAutograd entry point ``name``."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIR):
+        frame = frame.f_back
+    return frame is not None and frame.f_code is _ENTRY_CODES.get(name)
 
 
 @contextlib.contextmanager
@@ -694,19 +702,18 @@ def make_coerce_tangent_hook(original: Callable[..., Any]) -> Callable[..., Any]
     return coerce_tangent_and_suggest_memory_format
 
 
-def make_try_load_hook(original: Any) -> Any:
+def make_try_load_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replacement for ``AOTAutogradCache.try_load`` (a staticmethod)."""
-    fn = original.__func__ if isinstance(original, staticmethod) else original
 
-    @functools.wraps(fn)
+    @functools.wraps(original)
     def try_load(mod: Any, args: Any, aot_config: Any, *rest: Any, **kwargs: Any) -> Any:
         if _PENDING.get() is not None:
             # Bypass: no load (every pass must run to plan the writes) and no save (the
             # entry would hold a graph with extra outputs and no plan).
             return None, aot_config
-        return fn(mod, args, aot_config, *rest, **kwargs)
+        return original(mod, args, aot_config, *rest, **kwargs)
 
-    return staticmethod(try_load)
+    return try_load
 
 
 def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:

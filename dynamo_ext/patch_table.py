@@ -11,7 +11,7 @@ aot_function``) still goes through them.
 
 from __future__ import annotations
 
-from . import aot_layer, dynamo_layer, writeback
+from . import aot_layer, dtensor, dynamo_layer, writeback
 from ._patches import Patch
 
 #: Every change dynamo_ext makes to torch.
@@ -39,6 +39,7 @@ TABLE: list[Patch] = [
         why="Guards deep-copy subclass ctx (DTensor specs) to compare later calls with it; "
         "objects registered with register_ctx_state are shared state compared by identity "
         "(_MaskPartial.__eq__), so the copy must keep them or the guard never holds.",
+        defined_here=False,  # copy.deepcopy, as guards.py binds it
     ),
     Patch(
         "torch._dynamo.guards:GuardBuilder",
@@ -62,6 +63,7 @@ TABLE: list[Patch] = [
         why="The same for aot_function (and aot_module, functorch's compilers), which builds "
         "its traced function here at its first call; imported into aot_autograd's namespace "
         "and called from there.",
+        defined_here=False,  # imported into aot_autograd, called from there
     ),
     Patch(
         "torch._functorch.aot_autograd",
@@ -69,6 +71,7 @@ TABLE: list[Patch] = [
         aot_layer.make_stage2_hook,
         why="The compiled callable of every AOTAutograd entry point comes out of stage 2: "
         "it gets the run-time replay of the frozen write plan.",
+        defined_here=False,  # imported into aot_autograd, called from there
     ),
     Patch(
         "torch._functorch._aot_autograd.graph_capture",
@@ -77,6 +80,7 @@ TABLE: list[Patch] = [
         why="The joint function traces the forward (a tracing pass) then the backward: the "
         "backward's reads and writes on the pass's instances are recorded while it runs "
         "(counters it bumps are replayed at every backward). Imported there by name.",
+        defined_here=False,
     ),
     Patch(
         "torch._functorch._aot_autograd.autograd_cache:AOTAutogradCache",
@@ -91,6 +95,7 @@ TABLE: list[Patch] = [
         aot_layer.make_export_functional_call_hook,
         why="Non-strict torch.export traces through it (imported by name) with no run-time "
         "epilogue: writes made there are refused instead of silently dropped.",
+        defined_here=False,
     ),
     Patch(
         "torch._functorch._aot_autograd.collect_metadata_analysis",
@@ -99,6 +104,13 @@ TABLE: list[Patch] = [
         why="Tangent coercion runs on a pass's outputs after the pass undid its ctx-state "
         "writes; DTensor needs the mask to coerce a _MaskPartial output, so it sees the "
         "state the pass left, undone again after. Called as a module global.",
+    ),
+    Patch(
+        "torch._functorch._aot_autograd.input_output_analysis",
+        "coerce_tangent_and_suggest_memory_format",
+        aot_layer.make_coerce_tangent_hook,
+        why="The same: input_output_analysis imports the function by name.",
+        defined_here=False,
     ),
     Patch(
         "torch._functorch._aot_autograd.graph_capture_wrappers",
@@ -116,5 +128,22 @@ TABLE: list[Patch] = [
         why="The same for the run-time mutation epilogue AOTAutograd generates "
         "(_apply_mutations): its copy_ calls go through the same fallback. Imported by "
         "name inside the functions that call it, so the module global is the one to wrap.",
+        versions=((2, 13), (2, 13)),
+    ),
+    Patch(
+        "torch._functorch._aot_autograd.codegen",
+        "_compile_and_exec_source",
+        writeback.make_compile_and_exec_source,
+        why="From torch 2.14 the run-time epilogues are built by codegen.PySourceBuilder, "
+        "which compiles them here (subclass_codegen only re-exports the name).",
+        versions=((2, 14), (2, 15)),
+    ),
+    Patch(
+        "torch._subclasses.meta_utils:MetaConverter",
+        "_backward_error",
+        dtensor.make_backward_error_hook,
+        why="See Note [A pending DTensor mask in a fake copy]: from torch 2.14 the fake copy of "
+        "a partial DTensor that requires grad would apply the caller's real mask to a fake.",
+        versions=((2, 14), (2, 15)),
     ),
 ]

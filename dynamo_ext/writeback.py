@@ -97,7 +97,14 @@ _COPY_NAME = "_dynamo_ext_copy_back"
 def make_compile_and_exec_source(original: Callable[..., Any]) -> Callable[..., Any]:
     def _compile_and_exec_source(source, globals_dict, fn_name, artifact_name, *args, **kwargs):
         if fn_name == "_apply_mutations":
-            source = _EPILOGUE_COPY.sub(rf"{_COPY_NAME}(\1, ", source)
+            rewritten, n = _EPILOGUE_COPY.subn(rf"{_COPY_NAME}(\1, ", source)
+            if n != source.count(".copy_("):
+                # torch changed the epilogue's shape: never leave a copy_ silently unrouted.
+                raise RuntimeError(
+                    "dynamo_ext: AOTAutograd's input-mutation epilogue no longer has the shape "
+                    f"dynamo_ext rewrites ({n} of {source.count('.copy_(')} copy_ calls matched):\n{source}"
+                )
+            source = rewritten
             globals_dict = {**globals_dict, _COPY_NAME: copy_back}
         return original(source, globals_dict, fn_name, artifact_name, *args, **kwargs)
 
