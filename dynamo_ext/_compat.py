@@ -29,6 +29,10 @@ HAS_PY_SOURCE_BUILDER = TORCH_LINE >= (2, 14)
 #: DTensor mask in a fake copy] in dynamo_layer.py).
 DETACH_REDISTRIBUTES_MASK_PARTIAL = TORCH_LINE >= (2, 14)
 
+#: Stock torch.compile of a vocab-parallel embedding on its own fails with "Mixing fake
+#: modes NYI" (fixed upstream in 2.14). Used by tests that pin stock's behaviour.
+STOCK_EMBEDDING_REGION_MIXES_FAKE_MODES = TORCH_LINE < (2, 14)
+
 #: DTensor (and its placement types) can be imported.
 HAS_DISTRIBUTED = torch.distributed.is_available()
 

@@ -19,6 +19,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import torch._dynamo.testing
 
+from dynamo_ext import _compat
 from harness import leaked_fakes, stock_torch
 
 
@@ -178,8 +179,11 @@ def test_tensor_parallel_embedding_compiled_on_its_own(mesh):
     expected = loss_curve(mesh)
     assert loss_curve(mesh, "aot_eager", per_block=("emb",)) == expected
     with stock_torch():
-        with pytest.raises(Exception, match="Mixing fake modes"):
-            loss_curve(mesh, "aot_eager", per_block=("emb",))
+        if _compat.STOCK_EMBEDDING_REGION_MIXES_FAKE_MODES:
+            with pytest.raises(Exception, match="Mixing fake modes"):
+                loss_curve(mesh, "aot_eager", per_block=("emb",))
+        else:  # fixed upstream in 2.14: stock matches eager too
+            assert loss_curve(mesh, "aot_eager", per_block=("emb",)) == expected
 
 
 def _emb_then_break(ids, w):

@@ -36,15 +36,28 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 
 import dynamo_ext
 from fuzz_parts import case_st, layout_of, run_case
 
+# ci: a fixed set of examples; a failing one is reported as generated (no shrink or explain
+# phase: shrinking a compile-heavy example takes minutes). long: shrinks what it finds.
 settings.register_profile(
-    "ci", max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    "ci",
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+    phases=[Phase.explicit, Phase.generate],
 )
-settings.register_profile("long", max_examples=5000, deadline=None, suppress_health_check=list(HealthCheck))
+settings.register_profile(
+    "long",
+    max_examples=5000,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+)
 settings.load_profile(os.environ.get("DYNAMO_EXT_FUZZ", "ci"))
 
 
