@@ -106,13 +106,6 @@ TABLE: list[Patch] = [
         "state the pass left, undone again after. Called as a module global.",
     ),
     Patch(
-        "torch._functorch._aot_autograd.input_output_analysis",
-        "coerce_tangent_and_suggest_memory_format",
-        aot_layer.make_coerce_tangent_hook,
-        why="The same: input_output_analysis imports the function by name.",
-        defined_here=False,
-    ),
-    Patch(
         "torch._functorch._aot_autograd.graph_capture_wrappers",
         "apply_in_graph_mutations",
         writeback.make_apply_in_graph_mutations,

@@ -916,7 +916,10 @@ def _run_case(spec: Spec, program: Program, backend: str) -> None:
             for i, (e, c) in enumerate(zip(e_in, c_in)):
                 assert_same_picture(picture(e), picture(c), f"{where}: before, input {i} (the user's change)")
         before = [picture(c) for c in c_in]
-        e_out = fn(*e_in)
+        try:
+            e_out = fn(*e_in)
+        except Exception as exc:  # the generator must only draw programs valid in eager
+            raise AssertionError(f"{where}: the program raised in eager (a generator bug): {exc!r}") from exc
         try:
             c_out = compiled(*c_in)
         except Exception as exc:

@@ -12,22 +12,29 @@ every dimension):
   closure variables; an inner tensor that is itself a writing subclass, written on by the
   outer dispatch too; an inner tensor named twice by ``__tensor_flatten__``
   (``self.cache = self.elem``);
-- the program: 1-3 inputs, 1-4 ops, an optional graph break, optional requires_grad and
-  backward, 2-4 calls, ``dynamic=True`` or not, a fixed or changing batch size, and user
-  changes between calls (input attributes, globals, closure state: the same on both sides).
+- the program: 1-3 inputs, 1-4 ops, an optional graph break (inside the op loop of a nested
+  frame, or in the compiled function itself), optional requires_grad and backward, 2-4
+  calls, ``dynamic=True`` or not, a fixed or changing batch size, user changes between calls
+  (input attributes, module globals, closure state: the same on both sides), and user code
+  that reads the same globals.
 
-Each example runs eager and compiled side by side, call after call, comparing outputs,
-grads, every input's attributes (strictly: 1 vs 1.0, 0.0 vs -0.0, tensor identity, nested
-subclasses) and leaked fakes; or, where the spec writes a fresh list under
-``fullgraph=True``, expects the ``mutable_value`` refusal at the first compile with the
-input untouched. Under ``fullgraph=False`` nothing may raise.
+Each example runs eager and compiled side by side, call after call, comparing outputs (and
+their attributes, but for the one ``__tensor_unflatten__`` defaults: AOTAutograd builds
+compiled outputs with it), grads, every input's attributes (strictly: 1 vs 1.0, 0.0 vs
+-0.0, SymInt vs int, tensor identity, nested subclasses) and leaked fakes; or, where the
+spec leaves a fresh list in an attribute under ``fullgraph=True``, expects the
+``mutable_value`` refusal at the first compile with the input untouched. Under
+``fullgraph=False`` nothing may raise.
 
 Nothing is filtered for failing: the one ``assume`` drops programs that hit the documented
 stock limit (a backward write growing a gradient's flatten list).
 
-Profiles: ``ci`` (default: 60 examples per backend, fixed seed) and ``long`` (5,000 per
-backend):
+Profiles: ``ci`` (default: 60 examples per backend, fixed seed, reported unshrunk) and
+``long`` (5,000 per backend, shrunk to a minimal example):
     DYNAMO_EXT_FUZZ=long python -m pytest -q tests/test_fuzz.py --hypothesis-show-statistics
+To replay one case outside pytest: ``fuzz_parts.run_case(spec, program, backend)`` with the
+``Spec`` / ``Program`` hypothesis printed (``from fuzz_parts import *``; after
+``dynamo_ext.enable()``).
 """
 
 from __future__ import annotations

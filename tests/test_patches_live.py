@@ -1,0 +1,101 @@
+"""Every row of the patch table is live on this torch: its hook ran in a compile that needs it.
+
+Resolving a name is not enough: torch 2.14 moved the epilogue codegen, leaving the old name
+importable and never called. Each scenario below is one the row exists for; after all of
+them, every row that applies to this torch has counted calls (``_patches.HITS``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from functorch.compile import nop
+from torch._dynamo.backends.common import aot_autograd
+
+import dynamo_ext
+import subclasses as S
+from dynamo_ext import _compat, _patches
+
+
+def mul3(x):
+    return x * 3
+
+
+def _writes_and_guards():
+    # fake propagation, compile_subgraph, the ctx guard (and its deepcopy), the AOT passes,
+    # stage 2, the joint forward+backward, tangent coercion
+    x = S.CounterTensor(torch.arange(4.0) + 1, requires_grad=True)
+    out = torch.compile(mul3, backend="aot_eager", fullgraph=True)(x)
+    out.sum().backward()
+
+
+def _cache_lookup():
+    with torch._functorch.config.patch(force_autograd_cache=True):
+        torch.compile(mul3, backend="aot_eager", fullgraph=True)(S.CounterTensor(torch.arange(4.0)))
+
+
+def _aot_function():
+    from torch._functorch.aot_autograd import aot_function
+
+    aot_function(mul3, fw_compiler=nop)(S.CounterTensor(torch.arange(4.0)))
+
+
+def _export():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x * 3
+
+    torch.export.export(M(), (S.QuietTensor(torch.arange(4.0)),), strict=False)
+
+
+def _input_mutations():
+    def bump(x):
+        x.add_(1)
+        return x * 2
+
+    # kept in the graph (aot_eager) and written back by the generated epilogue (nop compiler)
+    torch.compile(bump, backend="aot_eager", fullgraph=True)(S.QuietTensor(torch.arange(4.0)))
+    torch._dynamo.reset()
+    torch.compile(bump, backend=aot_autograd(fw_compiler=nop), fullgraph=True)(S.QuietTensor(torch.arange(4.0)))
+
+
+def _partial_dtensor_requiring_grad():
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        w = distribute_tensor(torch.randn(16, 4), mesh, [Shard(0)]).requires_grad_()
+        ids = distribute_tensor(torch.tensor([[1, 9, 12, 2]]), mesh, [Replicate()])
+        partial = F.embedding(ids, w)
+        torch.compile(lambda p: p.full_tensor(), backend="aot_eager", fullgraph=True)(partial).sum().backward()
+    finally:
+        dist.destroy_process_group()
+
+
+SCENARIOS = [_writes_and_guards, _cache_lookup, _aot_function, _export, _input_mutations]
+if _compat.HAS_DISTRIBUTED:
+    SCENARIOS.append(_partial_dtensor_requiring_grad)
+
+
+def test_every_row_ran():
+    _patches.HITS.clear()
+    for scenario in SCENARIOS:
+        torch._dynamo.reset()
+        try:
+            scenario()
+        except Exception as e:  # the scenario's purpose is to reach the hooks
+            if "dynamo_ext" not in str(e):
+                raise
+    dead = [p.target for p in dynamo_ext._PATCHES.rows() if _patches.HITS[p.target] == 0]
+    assert not dead, f"rows whose hook never ran on torch {_compat.TORCH_VERSION}: {dead}"
+
+
+@pytest.mark.parametrize("row", [p.target for p in dynamo_ext.TABLE], ids=str)
+def test_row_applies_to_the_release_lines_it_names(row):
+    patch = next(p for p in dynamo_ext.TABLE if p.target == row)
+    assert (patch in dynamo_ext._PATCHES.rows()) == _compat.applies(patch.versions)
