@@ -103,8 +103,8 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         Refusal(
             RefusalKind.UNSUPPORTED_STATE_READ,
             "Dispatch read state that cannot be carried into the traced program or guarded "
-            "(an arbitrary object, a tensor's _version, a tensor inside a higher-order op body, "
-            "a global or closure object).",
+            "(an arbitrary object, a tensor inside a higher-order op body, a real tensor held by "
+            "a shared state object no input reaches).",
             "The compiled program can only depend on state it can carry in (tensors as graph "
             "inputs, constants and symbolic ints it guards on); this value could change without "
             "the compiled program noticing.",
@@ -156,12 +156,17 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         ),
         Refusal(
             RefusalKind.STALE_PLAN,
-            "A function compiled with AOTAutograd directly was called with state other than it was traced with.",
-            "Without Dynamo there are no guards; replaying the traced write now would leave a "
-            "value eager would not. (Never raised for torch.compile: Dynamo guards the state.)",
+            "A function compiled with AOTAutograd directly was called with state other than it "
+            "was traced with; or a shared state object no input reaches, with no replay "
+            "function, changed since it was traced (the one check made at call time).",
+            "No guard covers this state (AOTAutograd called directly has none; a shared object "
+            "found through a cache is reachable from no input); replaying the traced write now "
+            "would leave a value eager would not.",
             (
                 "Compile again for this state (call aot_function / aot_module_simplified again).",
                 "Or use torch.compile, whose guards recompile when the state changes.",
+                "For a shared state class, register a replay function: "
+                "register_ctx_state(cls, replay=...).",
             ),
             "AOTAutograd",
             what=_READ,
@@ -200,6 +205,14 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         ),
     ]
 }
+
+
+def refusal_table() -> str:
+    """The README's table of refusal kinds, made from the records (a test keeps them equal)."""
+    lines = ["| kind (`gb_type`) | when | raised by |", "|---|---|---|"]
+    for r in REFUSALS.values():
+        lines.append(f"| `{r.kind.gb_type}` | {r.summary} | {r.layer} |")
+    return "\n".join(lines)
 
 
 def explain(kind: RefusalKind, cls_name: str, attr: str, value_type: str) -> str:

@@ -75,14 +75,19 @@ def op_name(func: Any) -> str | None:
 # ----------------------------------------------------------------- module state read by dispatch
 
 GAIN = 1.0  # a module-level constant (rebound by the program between calls)
-TABLE = {"k": 1.0}  # a module-level dict (its entry changed by the program between calls)
+# A module-level dict, a per-op table as subclass authors write them (its entries changed
+# by the program between calls).
+TABLE: dict = {}
 
 
 def reset_globals() -> None:
     global GAIN
     GAIN = 1.0
     TABLE.clear()
-    TABLE["k"] = 1.0
+    TABLE.update({op: 1.0 for op in OPS.values()})
+
+
+reset_globals()
 
 
 # ----------------------------------------------------------------- what is drawn
@@ -383,7 +388,7 @@ def make_subclass(spec: Spec) -> tuple[type, type | None, Callable[[str, float],
                     if r.source == "global_const":
                         v = GAIN
                     elif r.source == "global_dict":
-                        v = TABLE["k"]
+                        v = TABLE.get(func, 1.0)
                     elif r.source == "closure_var":
                         v = knob
                     else:
@@ -566,7 +571,7 @@ class Program:
             vals = self._steps(vals, start, len(self.steps), False)
         out = tuple(vals[n_inputs:])
         if self.reads_globals:
-            out = out + (GAIN, TABLE.get("k"))
+            out = out + (GAIN, TABLE.get(aten.mul.Tensor))
         return out
 
     @property
@@ -875,7 +880,8 @@ def _set_ext(source: str, value: float, set_closure: Callable[[str, float], None
     if source == "global_const":
         GAIN = value
     elif source == "global_dict":
-        TABLE["k"] = value
+        for op in TABLE:
+            TABLE[op] = value
     else:
         set_closure(source, value)
 
