@@ -73,3 +73,14 @@ def test_every_patch_says_why_and_which_torch():
     for patch in dynamo_ext.TABLE:
         assert patch.why
         assert _compat.SUPPORTED[0] <= patch.versions[0] <= patch.versions[1] <= _compat.SUPPORTED[1]
+
+
+def test_readme_refusal_table_is_the_records():
+    import pathlib
+
+    from dynamo_ext.errors import REFUSALS, refusal_table
+
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    assert refusal_table() in readme
+    assert set(REFUSALS) == set(dynamo_ext.RefusalKind)
+    assert len(readme) <= 16_000
