@@ -38,6 +38,7 @@ import contextvars
 import dataclasses
 import functools
 import sys
+import weakref
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -46,7 +47,7 @@ import torch.utils._pytree as pytree
 from . import capture, config, counters, free_state, guards, handoff
 from .capture import Scope, Tracked, Write
 from .errors import RefusalKind, SubclassWriteError
-from .plan import EntryRead, PlannedWrite, Replay, ValueFrom, WritePlan
+from .plan import EntryRead, PlannedWrite, ReadKind, Replay, ValueFrom, WritePlan
 from .values import (
     GRAPH_VALUE,
     HELD_TENSOR,
@@ -94,7 +95,7 @@ class Planner:
         self.output_writes: list[PlannedWrite] | None = None
         self.n_extra = 0
         self.passes = 0
-        self.entry_reads: dict[tuple[int, capture.Path, str], EntryRead] = {}
+        self.entry_reads: dict[tuple, EntryRead] = {}
         self.backward: list[PlannedWrite] = []
         # Registered state objects as the latest pass left them, before the undo:
         # (object, attribute, value). Compile time only.
@@ -103,6 +104,11 @@ class Planner:
         self._late_block: contextlib.ExitStack | None = None
         self.in_joint = False  # inside AOTAutograd's joint forward+backward function
         self.tape = counters.Tape()  # what the traced backward decided from counted values
+        # AOTAutogradCache (aot_cache.py): called with the frozen plan; returns what the
+        # compiled function must keep alive (a save still to come), or None.
+        self.on_frozen: Callable[[WritePlan], Any] | None = None
+        self.cached_plan: WritePlan | None = None  # the plan of the entry a lookup found
+        self.cache_save: Any = None  # the save waiting for this compile's plan
 
     def real_of(self, index: int) -> Any:
         return self.real_inputs[index] if 0 <= index < len(self.real_inputs) else None
@@ -201,12 +207,6 @@ class Planner:
                 RefusalKind.INCONSISTENT_PASSES, type(outputs[first.output_index]).__name__, first.name,
                 type(first.value).__name__, context=f"pass 1 planned {self.output_writes}; pass {self.passes} planned {planned}",
             )
-
-    def note_entry_read(self, t: Tracked, name: str, value: Any) -> None:
-        if isinstance(t.data, _Where):
-            key = (t.data.index, t.data.path, name)
-            entry = HELD_TENSOR if isinstance(value, torch.Tensor) else value
-            self.entry_reads.setdefault(key, EntryRead(t.data.index, t.data.path, name, entry))
 
     # -- after the passes ---------------------------------------------------
 
@@ -309,24 +309,45 @@ class Planner:
         return self.record.sources.get(id(real)) if self.record is not None else None
 
     def _guard(self, t: Tracked, name: Any, value: Any) -> None:
-        """Guard what a pass read from the real object, if Dynamo's guards are being collected."""
+        """Note what a pass read from the real object (the plan's entry state) and guard
+        it, if Dynamo's guards are being collected."""
+        if not isinstance(t.data, _Where):
+            return
+        index, path = t.data.index, t.data.path
+        if name is capture.KEYS:
+            read = EntryRead(index, path, "", tuple(capture.obj_dict(t.real)), ReadKind.KEYS)
+        elif isinstance(name, capture.Unshadowed):
+            read = EntryRead(index, path, name.name, MISSING, ReadKind.ABSENT)
+        else:
+            read = EntryRead(index, path, name, HELD_TENSOR if isinstance(value, torch.Tensor) else value)
+        if read.key not in self.entry_reads:
+            self.entry_reads[read.key] = read
+            self.install_guard(read, t.real)
+
+    def install_guard(self, read: EntryRead, real: Any) -> None:
         from torch._dynamo.source import AttrSource
 
-        source = self.source_of(t.real)
+        source = self.source_of(real)
         if source is None:
-            if isinstance(name, str):
-                self.note_entry_read(t, name, value)
             return
-        if name is capture.KEYS:
+        if read.kind is ReadKind.KEYS:
             guards.keys(source)
-        elif isinstance(name, capture.Unshadowed):
-            guards.absent(source, name.name)
-        elif name == "_version":
-            guards.version(source, value)
-        elif value is MISSING:
-            guards.absent(source, name)
-        elif is_immutable_constant(value) or (isinstance(value, PLAIN_MUTABLE) and not contains_tensor(value)):
-            guards.constant(AttrSource(source, name), value)
+        elif read.kind is ReadKind.ABSENT:
+            guards.absent(source, read.name)
+        elif read.name == "_version":
+            guards.version(source, read.value)
+        elif read.value is MISSING:
+            guards.absent(source, read.name)
+        elif is_immutable_constant(read.value) or (
+            isinstance(read.value, PLAIN_MUTABLE) and not contains_tensor(read.value)
+        ):
+            guards.constant(AttrSource(source, read.name), read.value)
+
+    def adopt(self, plan: WritePlan) -> None:
+        """A plan loaded from AOTAutogradCache instead of traced: guard what its passes
+        read, as they would have."""
+        for read in plan.entry_reads:
+            self.install_guard(read, capture.follow(self.real_inputs[read.input_index], read.path))
 
     def answer(self, scope: Scope, t: Tracked, name: Any) -> Any:
         """Answer a pass's read from the real input (Dynamo seeded its graph values already)."""
@@ -534,7 +555,21 @@ def _refuse_unplanned(writes: list[Write]) -> None:
 # The compile in flight (between building the traced function and stage 2)
 # --------------------------------------------------------------------------- #
 
-_PENDING: contextvars.ContextVar[Planner | None] = contextvars.ContextVar("dynamo_ext_planner", default=None)
+# The planner of the compile in flight in this thread, from the hook that built the traced
+# function to stage 2 (or an AOTAutogradCache hit) in the same entry-point call. Held
+# weakly: the traced function owns the planner, so a compile that raised leaves nothing
+# behind, and each entry point resets it before building its traced function.
+_PENDING: contextvars.ContextVar[weakref.ref[Planner] | None] = contextvars.ContextVar("dynamo_ext_planner", default=None)
+
+
+def pending() -> Planner | None:
+    ref = _PENDING.get()
+    return ref() if ref is not None else None
+
+
+def set_pending(planner: Planner | None) -> None:
+    _PENDING.set(weakref.ref(planner) if planner is not None else None)
+
 
 # Code objects of AOTAutograd's entry points, to tell which one is building a traced
 # function (resolved at enable(), from the original functions).
@@ -569,25 +604,12 @@ def _caller_is(name: str) -> bool:
     return frame is not None and frame.f_code is _ENTRY_CODES.get(name)
 
 
-@contextlib.contextmanager
-def _compiling(planner: Planner) -> Iterator[None]:
-    from torch._functorch import config as functorch_config
-
-    token = _PENDING.set(planner)
-    try:
-        # A cache hit would skip every pass: the plan comes with the entry instead.
-        with functorch_config.patch(enable_autograd_cache=False):
-            yield
-    finally:
-        _PENDING.reset(token)
-        planner.pass_state = []
-
-
 def make_prepare_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replacement for ``torch._functorch.aot_autograd.prepare_aot_module_simplified``."""
 
     @functools.wraps(original)
     def prepare_aot_module_simplified(mod: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
+        set_pending(None)
         args = list(args)
         result = original(mod, args, *rest, **kwargs)
         functional_call, params_buffers_flat = result[0], result[1]
@@ -595,7 +617,7 @@ def make_prepare_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             return result
         epilogue = _caller_is("aot_module_simplified")
         planner = Planner(list(params_buffers_flat) + args, handoff.received(), epilogue)
-        _PENDING.set(planner)  # consumed by aot_stage2_compile in the same call
+        set_pending(planner)  # consumed by aot_stage2_compile (or a cache hit) in the same call
         return (tracing_pass(functional_call, planner, flat_outputs=True), *result[1:])
 
     return prepare_aot_module_simplified
@@ -611,12 +633,13 @@ def make_tree_flattened_fn_hook(original: Callable[..., Any]) -> Callable[..., A
         flat_fn, out_spec = original(fn, args, kwargs, *rest)
         if not config.aot_layer or _caller_is("prepare_aot_module_simplified"):
             return flat_fn, out_spec
+        set_pending(None)
         leaves = pytree.arg_tree_leaves(*args, **(kwargs or {}))
         if not any(_is_subclass(a) for a in leaves):
             return flat_fn, out_spec
         if _caller_is("aot_function"):
             planner = Planner(leaves, handoff.received(), epilogue=True)
-            _PENDING.set(planner)
+            set_pending(planner)
             return tracing_pass(flat_fn, planner, flat_outputs=True), out_spec
         return tracing_pass(flat_fn, None, flat_outputs=True), out_spec  # export: refused
 
@@ -628,10 +651,10 @@ def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def aot_stage2_compile(*args: Any, **kwargs: Any) -> Any:
-        planner = _PENDING.get()
+        planner = pending()
         if planner is None:
             return original(*args, **kwargs)
-        _PENDING.set(None)
+        set_pending(None)
         try:
             compiled, meta = original(*args, **kwargs)
             planner.plan_backward()
@@ -641,11 +664,33 @@ def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             planner._late = []
         plan = planner.freeze()
         planner.real_inputs = []  # compile-time only: the compiled function must not keep inputs alive
-        if plan.empty:
+        keep = planner.on_frozen(plan) if planner.on_frozen is not None else None
+        if plan.empty and keep is None:
             return compiled, meta
-        return Replay(plan).wrap_boxed(compiled), meta
+        wrapped = compiled if plan.empty else Replay(plan).wrap_boxed(compiled)
+        if keep is not None:  # an AOTAutogradCache save still to come (at the first backward)
+            wrapped = _holding(wrapped, keep)
+        return wrapped, meta
 
     return aot_stage2_compile
+
+
+def _holding(compiled: Callable[..., Any], keep: Any) -> Callable[..., Any]:
+    """``compiled``, keeping ``keep`` alive as long as it is."""
+    try:
+        compiled._dynamo_ext_keep = keep  # type: ignore[attr-defined]
+        return compiled
+    except AttributeError:  # a callable object that takes no attributes
+        pass
+
+    def run(args: list[Any]) -> Any:
+        return compiled(args)
+
+    for attr in ("_boxed_call", "zero_grad"):
+        if hasattr(compiled, attr):
+            setattr(run, attr, getattr(compiled, attr))
+    run._dynamo_ext_keep = keep  # type: ignore[attr-defined]
+    return run
 
 
 def make_export_functional_call_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -677,7 +722,7 @@ def make_coerce_tangent_hook(original: Callable[..., Any]) -> Callable[..., Any]
 
     @functools.wraps(original)
     def coerce_tangent_and_suggest_memory_format(x: Any, *args: Any, **kwargs: Any) -> Any:
-        planner = _PENDING.get()
+        planner = pending()
         if planner is None or not planner.pass_state:
             return original(x, *args, **kwargs)
         from torch._functorch._aot_autograd.functional_utils import from_fun
@@ -702,20 +747,6 @@ def make_coerce_tangent_hook(original: Callable[..., Any]) -> Callable[..., Any]
     return coerce_tangent_and_suggest_memory_format
 
 
-def make_try_load_hook(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Replacement for ``AOTAutogradCache.try_load`` (a staticmethod)."""
-
-    @functools.wraps(original)
-    def try_load(mod: Any, args: Any, aot_config: Any, *rest: Any, **kwargs: Any) -> Any:
-        if _PENDING.get() is not None:
-            # Bypass: no load (every pass must run to plan the writes) and no save (the
-            # entry would hold a graph with extra outputs and no plan).
-            return None, aot_config
-        return original(mod, args, aot_config, *rest, **kwargs)
-
-    return try_load
-
-
 def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replacement for ``create_joint`` as bound in AOTAutograd's graph capture: the joint
     function runs the traced forward, then the backward; the backward's reads and writes
@@ -724,7 +755,7 @@ def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def create_joint(*args: Any, **kwargs: Any) -> Any:
         joint = original(*args, **kwargs)
-        planner = _PENDING.get()
+        planner = pending()
         if planner is None:
             return joint
 

@@ -436,7 +436,7 @@ class Scope:
         self.check_inner = True
         #: Called with the frame of traced code that touched a tracked object (the Dynamo
         #: layer finds the user code dispatch runs this way: free_state.Collector).
-        self.on_access: Callable[[Any], None] | None = None
+        self.on_access: Callable[[Any, type], None] | None = None
 
     # -- tracking -----------------------------------------------------------
 
@@ -661,7 +661,7 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
                 return get_(obj, name)
             t = scope.track(obj, obj)  # a registered state object the trace reached through a ctx
         if scope.on_access is not None:  # type: ignore[union-attr]
-            scope.on_access(sys._getframe(1))  # type: ignore[union-attr]
+            scope.on_access(sys._getframe(1), type(obj))  # type: ignore[union-attr]
         return scope.read(t, name, get_)  # type: ignore[union-attr]
 
     def __setattr__(obj: Any, name: str, value: Any) -> None:

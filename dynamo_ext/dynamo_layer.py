@@ -277,9 +277,11 @@ class FrameState:
         from torch._dynamo.variables.builder import VariableBuilder
         from torch._dynamo.variables.lazy import LazyVariableTracker
 
-        if not free_state.is_user_class(type(t.obj)):
+        if not free_state.is_user_class(type(t.obj)) or ref.node is None:
             # torch's own subclasses (NestedTensor, DTensor) hash and compare their ints:
-            # they stay guarded constants, as Dynamo keeps their ctx.
+            # they stay guarded constants, as Dynamo keeps their ctx. So do the ints of
+            # an object dispatch reached through a global (no graph input holds it), as
+            # Dynamo specializes the ints of globals.
             guards.constant(source, value)
             return value
         # wrap_symint, not the builder's int path: that one assumes ints of nn.Modules and
@@ -308,6 +310,7 @@ class FrameState:
         with self._node.graph.inserting_before(self._node):
             seed = self._node.graph.call_function(handoff.seed_attr, (ref.node, ref.path, name, value))
         seed.meta["example_value"] = None
+        handoff.cacheable(seed)
 
     def seed_tensor(self, t: Tracked, name: str) -> None:
         """Make the real object's tensor ``name`` a graph input and hand it to the traced object."""
@@ -354,6 +357,7 @@ class FrameState:
                 source = AttrSource(GlobalSource(holder), "cell_contents")
             if is_immutable_constant(value) or (isinstance(value, PLAIN_MUTABLE) and not contains_tensor(value)):
                 guards.constant(source, value)
+                self.record.free_reads.append((r.module or f"<closure of {r.code_name}>", r.name, value))
             elif capture.is_registered(value) or free_state.is_user_code(getattr(sys.modules.get(type(value).__module__), "__file__", "") or ""):
                 # A user object: its attribute reads are answered and guarded like a
                 # registered ctx-state object's, which needs the op run again.
@@ -440,6 +444,7 @@ class FrameState:
         proxy = self.tx.output.create_proxy(
             "call_function", handoff.read_attr, (ref.node.meta.get("_dynamo_ext_proxy") or _proxy_of(self.tx, ref), ref.path, w.name), {}
         )
+        handoff.cacheable(proxy.node)
         return wrap_fx_proxy(self.tx, proxy)
 
 
@@ -640,16 +645,21 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         tracked = [t for t in (state.track_arg(a) for a in args) if t is not None]
         if not tracked:
             return original(node, tx, allow_non_graph_fake)
-        return _propagate(state, node, tx, original, allow_non_graph_fake)
+        return _propagate(state, node, tx, original, allow_non_graph_fake, tracked)
 
     return _get_fake_value_impl
 
 
-def _propagate(state: FrameState, node: torch.fx.Node, tx: Any, original: Callable[..., Any], allow: bool) -> Any:
+def _propagate(
+    state: FrameState, node: torch.fx.Node, tx: Any, original: Callable[..., Any], allow: bool, tracked: list[Tracked]
+) -> Any:
     scope = state.scope
     state._node = node
     state.tx = tx
     try:
+        for t in tracked:
+            state.collector.add_class(type(t.obj))
+        state.guard_free_reads()  # objects the classes' code reaches are tracked before it runs
         while True:
             checkpoint = _Checkpoint(scope)
             try:

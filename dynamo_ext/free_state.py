@@ -89,8 +89,23 @@ class Collector:
         self._on_stack: set[types.CodeType] = set()
         self._expanded: set[types.CodeType] = set()
         self._new: list[tuple[types.CodeType, dict, dict]] = []
+        self._classes: set[type] = set()
 
-    def on_access(self, frame: types.FrameType | None) -> None:
+    def add_class(self, cls: type) -> None:
+        """Dispatch may run the class's own methods without touching a tracked object
+        while they are on the stack (a hook a shared base class's dispatch calls): their
+        code is expanded as soon as an object of the class is tracked, before any op runs."""
+        if cls in self._classes:
+            return
+        self._classes.add(cls)
+        for klass in cls.__mro__:
+            for fn in _functions_of(klass):
+                if is_user_code(fn.__code__.co_filename):
+                    self._expand(fn.__code__, fn.__globals__, dict(zip(fn.__code__.co_freevars, fn.__closure__ or ())))
+
+    def on_access(self, frame: types.FrameType | None, cls: type | None = None) -> None:
+        if cls is not None:
+            self.add_class(cls)
         if frame is self._last_frame:
             return
         self._last_frame = frame

@@ -45,6 +45,10 @@ class DynamoRecord:
     #: ``{id(real object): its Dynamo source}``: the AOTAutograd layer guards what only
     #: its passes read (the traced backward) while the frame's guards are being collected.
     sources: dict[int, Any] = dataclasses.field(default_factory=dict)
+    #: ``(module or closure owner, name, value)``: constants dispatch read from module
+    #: globals and closures, guarded by Dynamo; the AOTAutograd passes trace with them,
+    #: so an AOTAutogradCache key covers them (aot_cache.py).
+    free_reads: list[tuple[str, str, Any]] = dataclasses.field(default_factory=list)
 
 
 _RECORD: contextvars.ContextVar[DynamoRecord | None] = contextvars.ContextVar("dynamo_ext_record", default=None)
@@ -67,6 +71,19 @@ def received() -> DynamoRecord | None:
 # --------------------------------------------------------------------------- #
 # FX targets
 # --------------------------------------------------------------------------- #
+
+
+#: AOTAutogradCache keys a graph holding our nodes on this (``node.meta["user_cache_hash"]``):
+#: what they do is fixed by their arguments, which the key covers with the graph's code.
+NODE_CACHE_HASH = "dynamo_ext.handoff/1"
+
+
+def cacheable(node: Any) -> Any:
+    """Mark a ``read_attr``/``seed_attr`` node as safe to cache (AOTAutogradCache bypasses
+    a graph with a call it does not know unless the node says how to key it)."""
+    node.meta["is_wrapped"] = True
+    node.meta["user_cache_hash"] = NODE_CACHE_HASH
+    return node
 
 
 def read_attr(obj: Any, path: capture.Path, name: str) -> Any:

@@ -11,7 +11,7 @@ aot_function``) still goes through them.
 
 from __future__ import annotations
 
-from . import aot_layer, dtensor, dynamo_layer, writeback
+from . import aot_cache, aot_layer, dtensor, dynamo_layer, writeback
 from ._patches import Patch
 
 #: Every change dynamo_ext makes to torch.
@@ -85,9 +85,32 @@ TABLE: list[Patch] = [
     Patch(
         "torch._functorch._aot_autograd.autograd_cache:AOTAutogradCache",
         "try_load",
-        aot_layer.make_try_load_hook,
-        why="A cache hit skips every tracing pass: graphs with subclass inputs must find "
-        "their write plan with the entry.",
+        aot_cache.make_try_load_hook,
+        why="A cache hit skips every tracing pass: a graph with subclass inputs is looked up "
+        "under a key that covers the Dynamo layer's hand-off, and a hit guards the state "
+        "its plan was traced from and replays the plan (See Note [A cache entry holds its "
+        "plan]).",
+    ),
+    Patch(
+        "torch._functorch._aot_autograd.autograd_cache",
+        "autograd_cache_key",
+        aot_cache.make_cache_key_hook,
+        why="The key of a graph with subclass inputs also covers which writes Dynamo's "
+        "residual bytecode replays. try_load calls it as a module global.",
+    ),
+    Patch(
+        "torch._functorch._aot_autograd.autograd_cache:AOTAutogradCache",
+        "_lookup",
+        aot_cache.make_lookup_hook,
+        why="An entry is used only where the real inputs hold the state its plan was traced "
+        "from; otherwise the lookup is a miss.",
+    ),
+    Patch(
+        "torch._functorch._aot_autograd.autograd_cache:AOTAutogradCache",
+        "save",
+        aot_cache.make_save_hook,
+        why="The entry of a graph with subclass inputs is saved with its frozen plan (stage 2 "
+        "saves before the plan is frozen, or at the first backward), or not at all.",
     ),
     Patch(
         "torch.export._trace",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import pickle
 from typing import Any, Callable, Sequence
 
 import torch
@@ -66,15 +67,49 @@ class PlannedWrite:
         return capture.follow(inputs[self.input_index], self.path)
 
 
+class ReadKind(enum.Enum):
+    ATTR = "attr"  # an attribute's value (``_version``: the tensor's version counter)
+    ABSENT = "absent"  # no instance attribute shadows a class attribute (a method read)
+    KEYS = "keys"  # which attributes the instance dict holds
+
+
 @dataclasses.dataclass(frozen=True)
 class EntryRead:
-    """State a tracing pass read from a real input: with no Dynamo guards (AOTAutograd
-    called directly) a call must present the same, or the plan is stale."""
+    """State a tracing pass read from a real input. Under Dynamo it is guarded as it is
+    read; with no Dynamo guards (AOTAutograd called directly) a call must present the
+    same attribute values, or the plan is stale; an AOTAutogradCache entry is loaded only
+    where the inputs hold all of it."""
 
     input_index: int
     path: capture.Path
     name: str
-    value: Any  # a constant, MISSING (absent), HELD_TENSOR
+    value: Any  # ATTR: a constant, MISSING (absent), HELD_TENSOR; KEYS: the names, in order
+    kind: ReadKind = ReadKind.ATTR
+
+    @property
+    def key(self) -> tuple:
+        return (self.input_index, self.path, self.kind, self.name)
+
+    @property
+    def checkable(self) -> bool:
+        """Whether another process can tell that an object holds this state."""
+        return self.kind is not ReadKind.ATTR or self.value is MISSING or self.value is HELD_TENSOR or (
+            classify(self.value) is ValueKind.CONSTANT and plain(self.value)
+        )
+
+
+def plain(value: Any) -> bool:
+    """Compared by value across processes: builtin scalars, enums, dtypes, and containers
+    and dataclasses of them."""
+    if isinstance(value, (tuple, list, frozenset, set)):
+        return all(plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(plain(k) and plain(v) for k, v in value.items())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # a config object
+        return all(plain(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return type(value) in (int, float, bool, str, bytes, complex, type(None)) or isinstance(
+        value, (enum.Enum, torch.dtype, torch.device, torch.Size)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,22 +127,47 @@ class WritePlan:
     def empty(self) -> bool:
         return not self.writes and not self.backward_writes and not self.n_extra
 
-    @property
-    def picklable(self) -> bool:
-        return all(w.obj is None for w in self.writes + self.backward_writes)
+    def why_not_cacheable(self) -> str | None:
+        """Why another process could not reuse this plan (None: it can)."""
+        if any(w.obj is not None for w in self.writes + self.backward_writes):
+            return "writes on an object that is not among the graph's inputs"
+        bad = next((r for r in self.entry_reads if not r.checkable), None)
+        if bad is not None:
+            return f"the trace read {bad.name}, a {type(bad.value).__name__} not comparable by value"
+        try:
+            pickle.dumps(self)
+        except Exception as e:  # noqa: BLE001 - any value pickle rejects
+            return f"the plan does not pickle ({type(e).__name__}: {e})"
+        return None
+
+
+def _now(obj: Any, r: EntryRead) -> Any:
+    if r.kind is ReadKind.KEYS:
+        return tuple(capture.obj_dict(obj))
+    if r.kind is ReadKind.ABSENT:
+        return MISSING if r.name not in capture.obj_dict(obj) else "<shadowed>"
+    return obj._version if r.name == "_version" else capture.eager_lookup(obj, r.name)[0]
+
+
+def _holds(r: EntryRead, now: Any) -> bool:
+    if r.value is MISSING or now is MISSING:
+        return r.value is now
+    if r.value is HELD_TENSOR:
+        return isinstance(now, torch.Tensor)
+    if r.kind is ReadKind.ATTR and classify(now) is not ValueKind.CONSTANT:
+        return False
+    return type(now) is type(r.value) and now == r.value
 
 
 def check_entry(plan: WritePlan, inputs: Sequence[Any], reads: Sequence[EntryRead] | None = None) -> None:
-    """Refuse a call whose inputs do not hold the state the plan was traced from
-    (``stale_plan``): only where no Dynamo guard covers it."""
+    """Refuse a call whose inputs do not hold the attribute values the plan was traced
+    from (``stale_plan``): only where no Dynamo guard covers it."""
     for r in plan.entry_reads if reads is None else reads:
+        if r.kind is not ReadKind.ATTR:
+            continue
         obj = capture.follow(inputs[r.input_index], r.path)
-        now = obj._version if r.name == "_version" else capture.eager_lookup(obj, r.name)[0]
-        if r.value is MISSING and now is MISSING:
-            continue
-        if r.value is HELD_TENSOR and isinstance(now, torch.Tensor):
-            continue
-        if r.value is MISSING or now is MISSING or classify(now) is not ValueKind.CONSTANT or now != r.value:
+        now = _now(obj, r)
+        if not _holds(r, now):
             raise SubclassWriteError(
                 RefusalKind.STALE_PLAN,
                 type(obj).__name__,
@@ -115,6 +175,19 @@ def check_entry(plan: WritePlan, inputs: Sequence[Any], reads: Sequence[EntryRea
                 type(now).__name__,
                 context=f"traced with {r.name}={r.value!r}, called with {r.name}={now!r}",
             )
+
+
+def state_mismatch(plan: WritePlan, inputs: Sequence[Any]) -> str | None:
+    """The first piece of state the plan was traced from that the inputs do not hold."""
+    for r in plan.entry_reads:
+        try:
+            obj = capture.follow(inputs[r.input_index], r.path)
+            now = _now(obj, r)
+        except (IndexError, AttributeError) as e:
+            return f"input {r.input_index}{r.path}: {e}"
+        if not _holds(r, now):
+            return f"traced with {r.kind.value} {r.name}={r.value!r}, now {now!r}"
+    return None
 
 
 class Replay:

@@ -39,3 +39,173 @@ def test_second_process_with_warm_cache_replays_the_same_writes(tmp_path, mode):
     cold, warm = runs
     assert cold["state"] == warm["state"] == _eager_state()
     assert warm["fxgraph_hits"] > cold["fxgraph_hits"]  # the warm run did hit the cache
+
+
+# --------------------------------------------------------------------------- #
+# AOTAutogradCache in one process: a cold compile saves, a compile after
+# torch._dynamo.reset() loads (See Note [A cache entry holds its plan]).
+# --------------------------------------------------------------------------- #
+
+import dataclasses  # noqa: E402
+
+from torch._dynamo.utils import counters  # noqa: E402
+from torch._inductor.utils import fresh_cache  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402
+
+import dynamo_ext  # noqa: E402
+from harness import differential  # noqa: E402
+
+aten = torch.ops.aten
+
+
+def mul3(x):
+    return x * 3
+
+
+def _runs(fn, makers, *, backward=False, calls=2):
+    """One differential run per input maker, in one fresh cache dir; the AOTAutogradCache
+    counters of each run."""
+    seen = []
+    with fresh_cache():
+        for make in makers:
+            counters.clear()
+            differential(fn, make, backend="inductor", backward=backward, calls=calls)
+            seen.append(dict(counters["aot_autograd"]))
+    return seen
+
+
+def _saved_then_hit(seen):
+    """Every entry the cold run saved is hit by the warm run (a recompile whose metadata
+    holds a symbolic ctx int is not saved: torch cannot pickle it)."""
+    cold, warm = seen
+    assert cold.get("autograd_cache_saved", 0) >= 1 and not cold.get("autograd_cache_hit"), seen
+    assert warm.get("autograd_cache_hit", 0) == cold["autograd_cache_saved"], seen
+    assert not cold.get("autograd_cache_bypass") and not warm.get("autograd_cache_bypass"), seen
+
+
+class BackwardCounter(S.WritingTensor):
+    """Counts the backward multiplications it takes part in."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is aten.mul.Tensor and torch._C._current_graph_task_id() != -1:
+            for a in args:
+                if isinstance(a, cls) and hasattr(a, "bw_muls"):  # the input, not intermediates
+                    a.bw_muls = a.bw_muls + 1
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class ModeOnlyTraced(S.WritingTensor):
+    """Writes a snapshot scaled by a plain attribute outside the ctx, only in AOTAutograd's
+    passes (Dynamo's graph is the same for every mode)."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor and type(first.elem) is not FakeTensor:
+            first.snapshot = first.elem * (2 if first.mode == "double" else 3)
+
+
+GAIN = 2.0
+
+
+class GlobalGain(S.WritingTensor):
+    """Scales every mul by the module global GAIN: Dynamo's graph does not show it."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func is aten.mul.Tensor:
+            args[0].gain = GAIN
+            return cls(out.elem * GAIN)
+        return out
+
+
+@dataclasses.dataclass
+class Stats:
+    muls: int = 0
+
+
+STATS = Stats()
+
+
+class SharedStats(S.WritingTensor):
+    """Counts its muls in a module-level object."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            STATS.muls += 1
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: [S.UnseenByDynamo(torch.arange(4.0))], id="writes-only-aot-sees"),
+        pytest.param(lambda: [S.QuietTensor(torch.arange(4.0))], id="writes-nothing"),
+        pytest.param(lambda: [S.CallCounter(torch.arange(4.0))], id="counter-dynamo-replays"),
+        pytest.param(lambda: [S.CachingTensor(torch.arange(4.0))], id="tensor-cache"),
+    ],
+)
+def test_forward_writes_hit_and_replay(make):
+    _saved_then_hit(_runs(mul3, [make, make]))
+
+
+def test_writes_the_aot_layer_alone_sees_hit_and_replay():
+    make = lambda: [S.CallCounter(torch.arange(4.0))]  # noqa: E731
+    with dynamo_ext.config.patch(dynamo_layer=False):
+        _saved_then_hit(_runs(mul3, [make, make]))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: [S.BackwardMarker(torch.arange(4.0) + 1, requires_grad=True)], id="constant"),
+        pytest.param(lambda: [BackwardCounter(torch.arange(4.0) + 1, requires_grad=True, bw_muls=0)], id="counter"),
+    ],
+)
+def test_backward_writes_are_saved_at_the_first_backward_and_replayed(make):
+    def f(x):
+        return (x * x * 3).sum()
+
+    _saved_then_hit(_runs(f, [make, make], backward=True, calls=3))
+
+
+def test_an_entry_traced_from_other_state_is_a_miss():
+    double = lambda: [ModeOnlyTraced(torch.arange(4.0), mode="double")]  # noqa: E731
+    triple = lambda: [ModeOnlyTraced(torch.arange(4.0), mode="triple")]  # noqa: E731
+    seen = _runs(mul3, [double, triple, double])
+    assert seen[1].get("autograd_cache_miss") and not seen[1].get("autograd_cache_hit"), seen
+    assert seen[2].get("autograd_cache_hit") or seen[2].get("autograd_cache_miss"), seen
+
+
+def test_a_global_dispatch_reads_is_part_of_the_key():
+    global GAIN
+    make = lambda: [GlobalGain(torch.arange(4.0))]  # noqa: E731
+    try:
+        with fresh_cache():
+            seen = []
+            for gain in (2.0, 5.0, 2.0):
+                GAIN = gain
+                counters.clear()
+                differential(mul3, make, backend="inductor", calls=2)
+                seen.append(dict(counters["aot_autograd"]))
+    finally:
+        GAIN = 2.0
+    assert not seen[1].get("autograd_cache_hit"), seen
+    assert seen[2].get("autograd_cache_hit"), seen
+
+
+def test_writes_on_objects_outside_the_inputs_bypass_the_cache_and_say_so():
+    make = lambda: [SharedStats(torch.arange(4.0))]  # noqa: E731
+    with fresh_cache():
+        seen = []
+        for _ in range(2):
+            counters.clear()
+            STATS.muls = 0
+            torch._dynamo.reset()
+            x = make()[0]
+            torch.compile(mul3, backend="inductor", fullgraph=True)(x)
+            assert STATS.muls == 1
+            seen.append(dict(counters["aot_autograd"]))
+    for run in seen:
+        assert run.get("autograd_cache_bypass") and not run.get("autograd_cache_hit"), seen

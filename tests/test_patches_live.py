@@ -29,9 +29,13 @@ def _writes_and_guards():
     out.sum().backward()
 
 
-def _cache_lookup():
-    with torch._functorch.config.patch(force_autograd_cache=True):
-        torch.compile(mul3, backend="aot_eager", fullgraph=True)(S.CounterTensor(torch.arange(4.0)))
+def _cache_save_and_load():
+    from torch._inductor.utils import fresh_cache
+
+    with fresh_cache():  # a miss that saves, then a hit
+        for _ in range(2):
+            torch._dynamo.reset()
+            torch.compile(mul3, backend="inductor", fullgraph=True)(S.UnseenByDynamo(torch.arange(4.0)))
 
 
 def _aot_function():
@@ -77,11 +81,12 @@ def _partial_dtensor_requiring_grad():
         dist.destroy_process_group()
 
 
-SCENARIOS = [_writes_and_guards, _cache_lookup, _aot_function, _export, _input_mutations]
+SCENARIOS = [_writes_and_guards, _cache_save_and_load, _aot_function, _export, _input_mutations]
 if _compat.HAS_DISTRIBUTED:
     SCENARIOS.append(_partial_dtensor_requiring_grad)
 
 
+@pytest.mark.inductor  # AOTAutogradCache saves only what inductor compiled
 def test_every_row_ran():
     _patches.HITS.clear()
     for scenario in SCENARIOS:

@@ -197,3 +197,32 @@ def test_regression_growing_flatten_expected_fake_tensor():
     torch.compile(mul3, backend="aot_eager", fullgraph=True)(x)
     assert type(x.cache) is torch.Tensor
     torch.testing.assert_close(x.cache, torch.arange(4.0) * 2)
+
+
+@dataclasses.dataclass
+class _OpStats:
+    muls: int = 0
+
+
+OP_STATS = _OpStats()
+
+
+class CountsInModuleObject(S.WritingTensor):
+    """Counts muls in a module-level object, from the hook the shared base's dispatch
+    calls: no tracked object is touched while the hook is on the stack."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is torch.ops.aten.mul.Tensor:
+            OP_STATS.muls += 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_module_object_a_class_hook_writes_is_written_once_per_call(backend):
+    torch._dynamo.reset()
+    OP_STATS.muls = 0
+    compiled = torch.compile(mul3, backend=backend, fullgraph=True)
+    x = CountsInModuleObject(torch.arange(4.0))
+    for call in range(1, 4):
+        compiled(x)
+        assert OP_STATS.muls == call
