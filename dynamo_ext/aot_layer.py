@@ -183,22 +183,13 @@ class Planner:
         run time from the flatten ctx it traced: attributes outside the ctx are lost, and a
         ctx built from a symbolic int holds a SymInt of the trace (See Note [Symbolic ints
         in a flatten ctx] in dynamo_layer.py). Every such attribute is set on the run-time
-        output after each call: constants as traced, tensors and symbolic ints as extra
-        outputs. torch's own subclasses (NestedTensor's nested ints) are left to torch."""
-        planned = []
+        output after each call, on the output and on the subclasses nested in it:
+        constants as traced, tensors and symbolic ints as extra outputs. torch's own
+        subclasses (NestedTensor's nested ints) are left to torch."""
+        planned: list[PlannedWrite] = []
         for k, out in enumerate(outputs):
-            if not _is_subclass(out) or not free_state.is_user_class(type(out)) or any(out is a for a in args):
-                continue
-            inner = {n for n in capture._flatten_names(out)}
-            for name, value in capture.obj_dict(out).items():
-                if name in inner or is_torch_internal(name):
-                    continue
-                kind = classify(value)
-                if kind is ValueKind.CONSTANT:
-                    planned.append(PlannedWrite(-1, (), name, ValueFrom.CONSTANT, value, output_index=k))
-                elif kind in (ValueKind.SYMBOLIC, ValueKind.TENSOR):
-                    value_from, where = _graph_value(args, value, {}, extras)
-                    planned.append(PlannedWrite(-1, (), name, value_from, where, output_index=k))
+            if _is_subclass(out) and not any(out is a for a in args):
+                self._plan_output_tree(args, out, k, (), extras, planned)
         if self.output_writes is None:
             self.output_writes = planned
         elif [p.signature() for p in planned] != [p.signature() for p in self.output_writes]:
@@ -207,6 +198,25 @@ class Planner:
                 RefusalKind.INCONSISTENT_PASSES, type(outputs[first.output_index]).__name__, first.name,
                 type(first.value).__name__, context=f"pass 1 planned {self.output_writes}; pass {self.passes} planned {planned}",
             )
+
+    def _plan_output_tree(
+        self, args: Sequence[Any], obj: Any, k: int, path: capture.Path, extras: list[Any], planned: list[PlannedWrite]
+    ) -> None:
+        inner = capture._flatten_names(obj)
+        if free_state.is_user_class(type(obj)):
+            for name, value in capture.obj_dict(obj).items():
+                if name in inner or is_torch_internal(name):
+                    continue
+                kind = classify(value)
+                if kind is ValueKind.CONSTANT:
+                    planned.append(PlannedWrite(-1, path, name, ValueFrom.CONSTANT, value, output_index=k))
+                elif kind in (ValueKind.SYMBOLIC, ValueKind.TENSOR):
+                    value_from, where = _graph_value(args, value, {}, extras)
+                    planned.append(PlannedWrite(-1, path, name, value_from, where, output_index=k))
+        for name in sorted(inner):
+            child = getattr(obj, name, None)
+            if _is_subclass(child) and not any(child is a for a in args):
+                self._plan_output_tree(args, child, k, path + (("attr", name),), extras, planned)
 
     # -- after the passes ---------------------------------------------------
 
@@ -420,6 +430,12 @@ def _check_against_dynamo(t: Tracked, w: Write, recorded: Any) -> None:
 def _graph_value(
     args: Sequence[Any], value: Any, entries: dict[tuple[int, capture.Path], dict], extras: list[Any]
 ) -> tuple[ValueFrom, Any]:
+    if isinstance(value, tuple):  # a torch.Size or tuple holding symbolic ints: one output each
+        parts = tuple(
+            (ValueFrom.CONSTANT, v) if classify(v) is ValueKind.CONSTANT else _graph_value(args, v, entries, extras)
+            for v in value
+        )
+        return ValueFrom.PACKED, (type(value), parts)
     for j, a in enumerate(args):
         if value is a:
             return ValueFrom.INPUT, j
@@ -439,7 +455,7 @@ def _graph_value(
 
 def _track_tree(scope: Scope, obj: Any, real: Any, where: _Where) -> None:
     t = scope.track(obj, real, where)
-    _restore_aliases(t)
+    capture.restore_aliases(t)
     for name in t.flatten_names:
         inner, inner_real = getattr(obj, name, None), getattr(real, name, None)
         if not isinstance(inner, torch.Tensor) or not isinstance(inner_real, torch.Tensor):
@@ -449,22 +465,6 @@ def _track_tree(scope: Scope, obj: Any, real: Any, where: _Where) -> None:
             _track_tree(scope, inner, inner_real, inner_where)
         elif scope.lookup(inner) is None:
             scope.track(inner, inner_real, inner_where, plain_inner=True)
-
-
-def _restore_aliases(t: Tracked) -> None:
-    """Inner tensors the real object holds twice (``self.cache = self.elem``, both
-    flattened) reach the pass as two separate inputs: the pass's instance holds them as
-    one tensor again, as eager does (``cache is elem``)."""
-    first: dict[int, str] = {}
-    d = capture.obj_dict(t.obj)
-    for name in sorted(t.flatten_names):
-        value = capture.obj_dict(t.real).get(name)
-        if not isinstance(value, torch.Tensor) or name not in d:
-            continue
-        if id(value) in first:
-            d[name] = t.expected[name] = d[first[id(value)]]
-        else:
-            first[id(value)] = name
 
 
 def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: bool) -> Callable[..., Any]:

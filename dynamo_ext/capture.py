@@ -189,6 +189,23 @@ def _attribute_names(obj: Any) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def restore_aliases(t: Tracked) -> None:
+    """Inner tensors the real object holds twice (``self.cache = self.elem``, both
+    flattened) reach a trace as two separate objects (fakeification and AOTAutograd's
+    passes rebuild each name): the traced instance holds them as one again, as eager
+    does (``cache is elem``), so a write through either name is seen through both."""
+    first: dict[int, str] = {}
+    d = obj_dict(t.obj)
+    for name in sorted(t.flatten_names):
+        value = obj_dict(t.real).get(name)
+        if not isinstance(value, torch.Tensor) or name not in d:
+            continue
+        if id(value) in first:
+            d[name] = t.expected[name] = d[first[id(value)]]
+        else:
+            first[id(value)] = name
+
+
 def follow(root: Any, path: Path) -> Any:
     obj = root
     for kind, key in path:

@@ -167,6 +167,7 @@ class FrameState:
         from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
         t = self.scope.track(fake, real, ref)
+        capture.restore_aliases(t)
         self.record.sources[id(real)] = ref.source
         self.watch.add(type(real).__module__)
         for name in t.flatten_names:
@@ -425,13 +426,56 @@ class FrameState:
             return None
         return vt
 
+    def _inner_source(self, value: Any) -> Any:
+        """The source of ``value`` if it is a subclass nested in a graph input's flatten tree."""
+        from torch._dynamo.source import AttrSource
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+        if not is_traceable_wrapper_subclass(value):
+            return None
+
+        def find(obj: Any, source: Any, depth: int) -> Any:
+            for name in capture._flatten_names(obj):
+                child = getattr(obj, name, None)
+                if child is value:
+                    return AttrSource(source, name)
+                if depth < 4 and is_traceable_wrapper_subclass(child):
+                    found = find(child, AttrSource(source, name), depth + 1)
+                    if found is not None:
+                        return found
+            return None
+
+        for t in self.scope.tracked.values():
+            ref = t.data
+            if isinstance(ref, Ref) and ref.source is not None and ref.path == () and not t.shared:
+                found = find(t.obj, ref.source, 0)
+                if found is not None:
+                    return found
+        return None
+
     def _graph_value_vt(self, t: Tracked, ref: Ref, w: Write) -> Any:
         """A tensor or symbolic value written by dispatch, as a value the graph returns."""
         from torch._dynamo.variables.builder import wrap_fx_proxy
         from torch._subclasses.fake_tensor import is_fake
 
+        from torch._dynamo.source import AttrSource
+
         value = w.value
-        same = self.input_vt(value) or self.intermediate_vt(value)
+        inner = self._inner_source(value)
+        if inner is not None:
+            # A subclass nested in a graph input (``self.a = self.elem``): AOTAutograd would
+            # return a rebuilt copy; the residual bytecode loads the real object instead.
+            return _FromSource(source=inner)
+        same = self.input_vt(value)
+        if same is not None and isinstance(same.source, AttrSource):
+            # The graph input stands for an attribute's value when the graph started; the
+            # attribute may hold another tensor by the time the residual bytecode would
+            # load it (a later write in this frame, or dispatch itself running again at
+            # run time under backend="eager"): the graph returns the entry value.
+            proxy = self.tx.output.create_proxy("call_function", handoff.entry_value, (same.as_proxy(),), {})
+            handoff.cacheable(proxy.node)
+            return wrap_fx_proxy(self.tx, proxy)
+        same = same or self.intermediate_vt(value)
         if same is not None:
             # An alias of a graph input or of a value the graph computed: the residual
             # bytecode loads it from where it lives, keeping identity.
@@ -446,6 +490,20 @@ class FrameState:
         )
         handoff.cacheable(proxy.node)
         return wrap_fx_proxy(self.tx, proxy)
+
+
+@functools.cache
+def _from_source_class() -> type:
+    from torch._dynamo.variables.base import VariableTracker
+
+    class FromSource(VariableTracker):
+        """A value the residual bytecode loads from its source (nothing else uses it)."""
+
+    return FromSource
+
+
+def _FromSource(source: Any) -> Any:  # noqa: N802 - builds a variable
+    return _from_source_class()(source=source)
 
 
 def _move_before(anchor: torch.fx.Node, value: torch.fx.Node) -> None:

@@ -68,8 +68,28 @@ def constant(source: Any, value: Any) -> None:
     elif isinstance(value, enum.Enum):
         guard(source, "ID_MATCH")
     else:  # a frozen dataclass, a dict of constants, ...: compared by ==
-        expected = copy.deepcopy(value)
-        lambda_(source, lambda x: type(x) is type(expected) and x == expected, f"== {expected!r}")
+        _by_value(source, value)
+
+
+def _by_value(source: Any, value: Any) -> None:
+    """The object ``source`` holds is ``value`` and still equals it.
+
+    Dynamo may hold a dict or list guard manager for the same source (user code read the
+    container too), which takes no lambda guard: the identity is guarded on the source
+    (ID_MATCH, which every manager takes) and the value by a root guard on that object.
+    """
+    from torch._dynamo.guards import get_verbose_code_parts, install_guard
+
+    expected = copy.deepcopy(value)
+    guard(source, "ID_MATCH")
+
+    def create(builder: Any, g: Any) -> None:
+        code = f"{builder.arg_ref(g)} == {expected!r}"
+        builder.guard_manager.root.add_lambda_guard(
+            lambda _: type(value) is type(expected) and value == expected, get_verbose_code_parts(code, g), g.user_stack
+        )
+
+    install_guard(source.make_guard(create))
 
 
 def _holds_unguardable(value: Any) -> bool:

@@ -91,6 +91,11 @@ def read_attr(obj: Any, path: capture.Path, name: str) -> Any:
     return getattr(capture.follow(obj, path), name)
 
 
+def entry_value(value: Any) -> Any:
+    """Graph node for a graph input a write aliases: the value itself, as the graph got it."""
+    return value
+
+
 def seed_attr(obj: Any, path: capture.Path, name: str, value: Any) -> None:
     """Give a traced object the entry value of ``name`` that Dynamo answered a read with.
 

@@ -33,6 +33,7 @@ class ValueFrom(enum.Enum):
     INPUT = "input"  # value: position of the input it aliases
     INNER = "inner"  # value: (input position, path, attribute) of a tensor an input held
     COUNTED = "counted"  # value: an expression over attributes read (counters.py), computed at run time
+    PACKED = "packed"  # value: (tuple type, ((ValueFrom, value), ...)): a torch.Size or tuple of symbolic ints
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +52,7 @@ class PlannedWrite:
 
     def signature(self) -> tuple:
         if self.output_index >= 0:
-            where: Any = ("output", self.output_index)
+            where: Any = ("output", self.output_index, self.path)
         elif self.obj is None:
             where: Any = (self.input_index, self.path)
         elif self.born >= 0:  # each pass makes its own: compared by role, not identity
@@ -190,6 +191,21 @@ def state_mismatch(plan: WritePlan, inputs: Sequence[Any]) -> str | None:
     return None
 
 
+def _resolve(value_from: ValueFrom, value: Any, inputs: Sequence[Any], extras: Sequence[Any]) -> Any:
+    """The run-time value of a planned write's value."""
+    if value_from is ValueFrom.OUTPUT:
+        return extras[value]
+    if value_from is ValueFrom.INPUT:
+        return inputs[value]
+    if value_from is ValueFrom.INNER:
+        return getattr(capture.follow(inputs[value[0]], value[1]), value[2])
+    if value_from is ValueFrom.PACKED:
+        kind, parts = value
+        items = [_resolve(f, v, inputs, extras) for f, v in parts]
+        return kind(items)
+    return value
+
+
 class Replay:
     """Run-time half: what runs after each call of a compiled graph with a plan."""
 
@@ -202,7 +218,7 @@ class Replay:
             if w.output_index < 0
         ]
         self._output_steps = [
-            (w.output_index, w.name, w.value_from, w.value) for w in plan.writes if w.output_index >= 0
+            (w.output_index, w.path, w.name, w.value_from, w.value) for w in plan.writes if w.output_index >= 0
         ]
         self._cut = plan.n_extra
 
@@ -218,12 +234,8 @@ class Replay:
         writes on a shared state object go to its replay function, as one set."""
         shared: dict[int, tuple[Any, dict[str, Any], dict[str, Any]]] = {}
         for obj, index, path, name, value_from, value, entry in self._steps:
-            if value_from is ValueFrom.OUTPUT:
-                value = extras[value]
-            elif value_from is ValueFrom.INPUT:
-                value = inputs[value]
-            elif value_from is ValueFrom.INNER:
-                value = getattr(capture.follow(inputs[value[0]], value[1]), value[2])
+            if value_from is not ValueFrom.CONSTANT:
+                value = _resolve(value_from, value, inputs, extras)
             if obj is not None:
                 _, entries, values = shared.setdefault(id(obj), (obj, {}, {}))
                 entries.setdefault(name, entry)
@@ -237,13 +249,11 @@ class Replay:
     def __call__(self, inputs: Sequence[Any], out: Any) -> Any:
         if not self.plan.guarded:
             check_entry(self.plan, inputs)
-        base = len(out) - self._cut  # extra outputs follow the caller's
-        for index, name, value_from, value in self._output_steps:
-            if value_from is ValueFrom.OUTPUT:
-                value = out[base + value]
-            elif value_from is ValueFrom.INPUT:
-                value = inputs[value]
-            setattr(out[index], name, value)
+        extras = out[len(out) - self._cut :] if self._cut else ()  # extra outputs follow the caller's
+        for index, path, name, value_from, value in self._output_steps:
+            if value_from is not ValueFrom.CONSTANT:
+                value = _resolve(value_from, value, inputs, extras)
+            setattr(capture.follow(out[index], path) if path else out[index], name, value)
         out, extras = self.strip(out)
         self.apply(inputs, extras)
         if self.plan.backward_writes:

@@ -1,0 +1,176 @@
+"""Divergences the differential fuzzer (test_fuzz.py) found, each reduced to a test.
+
+Every case compares eager and compiled runs on equal, separate inputs (outputs, every
+input's and output's state, identities between attributes), on each backend it failed on.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import subclasses as S
+from harness import assert_same_state, differential
+
+aten = torch.ops.aten
+
+BACKENDS = ["eager", "aot_eager"]
+
+# ------------------------------------------------------------------ a module dict keyed by ops
+
+OP_NAMES = {aten.mul.Tensor: "mul", aten.add.Tensor: "add"}
+
+
+class NamesItsOps(S.WritingTensor):
+    """Dispatch looks ops up in a module dict that user code reads too."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        name = OP_NAMES.get(func)
+        if name is not None:
+            args[0].last = name
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_global_dict_dispatch_and_user_code_both_read(backend, fullgraph):
+    def f(x):
+        y = x * 2
+        return y + 1, OP_NAMES.get(aten.mul.Tensor)
+
+    out = differential(f, lambda: [NamesItsOps(torch.ones(2))], backend=backend, fullgraph=fullgraph, calls=2)
+    assert out.frames == 1
+
+
+# ------------------------------------------------------------------ the old value of a rebound attribute
+
+
+class KeepsPrevious(S.WritingTensor):
+    """Each add keeps the previous cache and makes a new one."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is aten.add.Tensor:
+            x = args[0]
+            x.prev = getattr(x, "cache", None)
+            x.cache = x.elem * 2 + 1
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_previous_value_of_a_rebound_attribute(backend):
+    def f(x):
+        return x + x
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    xe, xc = KeepsPrevious(torch.ones(2)), KeepsPrevious(torch.ones(2))
+    for _ in range(3):
+        f(xe)
+        compiled(xc)
+        assert_same_state(xe, xc)
+        assert (xc.prev is xc.cache) is (xe.prev is xe.cache)
+        xe.elem.add_(1)
+        xc.elem.add_(1)
+
+
+# ------------------------------------------------------------------ nested subclasses in outputs
+
+
+class CountingInner(S.WritingTensor):
+    CTX = ("ops",)
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.ops = first.ops + 1
+
+
+class MarksInner(S.WritingTensor):
+    """Writes on the inner subclass of the tensor it computes on."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.add.Tensor:
+            first.elem.seen = getattr(first.elem, "seen", 0) + 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_a_counter_in_the_ctx_of_an_output_inner_subclass(backend, dynamic):
+    differential(lambda x: x * x, lambda: [S.WritingTensor(CountingInner(torch.ones(2)))], backend=backend,
+                 dynamic=dynamic, calls=2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_writes_on_the_inner_subclass_of_a_returned_intermediate(backend):
+    def f(x):
+        y = x + x
+        return y + 1, y
+
+    differential(f, lambda: [MarksInner(S.WritingTensor(torch.ones(2)))], backend=backend, calls=2)
+
+
+class RecordsShape(S.WritingTensor):
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.add.Tensor:
+            first.shape_seen = first.elem.shape  # a torch.Size of SymInts once dynamic
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_size_written_on_a_returned_intermediate_when_the_batch_grows(backend):
+    def f(x):
+        y = x + x
+        return y, y + x
+
+    rows = iter([2, 2, 3, 3, 4, 4])  # equal, separate inputs for eager and compiled
+    differential(f, lambda: [RecordsShape(torch.ones(next(rows), 2))], backend=backend, calls=3,
+                 fresh_inputs_each_call=True)
+
+
+# ------------------------------------------------------------------ aliases of nested inner subclasses
+
+
+class AliasesItsInner(S.WritingTensor):
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.a = first.elem
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_alias_of_a_nested_inner_subclass(backend):
+    torch._dynamo.reset()
+    xe, xc = AliasesItsInner(S.WritingTensor(torch.ones(2))), AliasesItsInner(S.WritingTensor(torch.ones(2)))
+    xe * xe
+    torch.compile(lambda x: x * x, backend=backend, fullgraph=True)(xc)
+    assert xe.a is xe.elem and xc.a is xc.elem
+    assert_same_state(xe, xc)
+
+
+class SharedInnerWriter(S.WritingTensor):
+    """Holds one inner subclass under two flattened names; writes through one, computes
+    through the other (whose dispatch writes too)."""
+
+    INNER = ("elem", "cache")
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is aten.mul.Tensor:
+            x = args[0]
+            x.elem.ops = x.elem.ops + 1
+            return cls(x.cache * 2)
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_writes_through_both_names_of_a_doubly_flattened_inner(backend):
+    def make():
+        inner = CountingInner(torch.ones(2))
+        return [SharedInnerWriter(inner, cache=inner)]
+
+    out = differential(lambda x: x * 2, make, backend=backend, calls=2)
+    x = out.compiled_inputs[0]
+    assert x.cache is x.elem
