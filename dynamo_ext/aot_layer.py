@@ -103,6 +103,7 @@ class Planner:
         self._late: list[Scope] = []  # scopes still tracking a finished pass's instances
         self._late_block: contextlib.ExitStack | None = None
         self.in_joint = False  # inside AOTAutograd's joint forward+backward function
+        self.tangents: list[Any] = []  # the joint's incoming gradients that are subclasses
         self.tape = counters.Tape()  # what the traced backward decided from counted values
         # AOTAutogradCache (aot_cache.py): called with the frozen plan; returns what the
         # compiled function must keep alive (a save still to come), or None.
@@ -190,6 +191,13 @@ class Planner:
         for k, out in enumerate(outputs):
             if _is_subclass(out) and not any(out is a for a in args):
                 self._plan_output_tree(args, out, k, (), extras, planned)
+        # A subclass returned as an extra output (a tensor a write holds) is rebuilt the same
+        # way: the run-time outputs are the caller's, then the extras.
+        j = 0
+        while j < len(extras):
+            if _is_subclass(extras[j]) and not any(extras[j] is a for a in args):
+                self._plan_output_tree(args, extras[j], len(outputs) + j, (), extras, planned)
+            j += 1
         if self.output_writes is None:
             self.output_writes = planned
         elif [p.signature() for p in planned] != [p.signature() for p in self.output_writes]:
@@ -204,6 +212,15 @@ class Planner:
     ) -> None:
         inner = capture._flatten_names(obj)
         if free_state.is_user_class(type(obj)):
+            # One inner object under two flattened names (``cache is elem``): AOTAutograd
+            # rebuilds each name, so the second is set to the first again.
+            first: dict[int, str] = {}
+            for name in sorted(inner):
+                held = capture.obj_dict(obj).get(name)
+                if isinstance(held, torch.Tensor) and id(held) in first:
+                    planned.append(PlannedWrite(-1, path, name, ValueFrom.SIBLING, first[id(held)], output_index=k))
+                elif isinstance(held, torch.Tensor):
+                    first[id(held)] = name
             for name, value in capture.obj_dict(obj).items():
                 if name in inner or is_torch_internal(name):
                     continue
@@ -234,6 +251,10 @@ class Planner:
                 late.track(t.obj, t.real, t.data, plain_inner=t.plain_inner)
         self._late.append(late)
         if self.in_joint:  # the backward is traced next, inside the joint function
+            # The incoming gradients (tangents) are the joint's own inputs: what dispatch
+            # writes on them is unwound too (See Note [Writes on incoming gradients]).
+            for obj in self.tangents:
+                _track_tangent(late, obj)
             self._late_block = contextlib.ExitStack()
             self._late_block.enter_context(late.active())
 
@@ -241,6 +262,16 @@ class Planner:
         block, self._late_block = self._late_block, None
         if block is not None:
             block.close()
+
+    def end_joint(self) -> None:
+        """The joint function returns: AOTAutograd then compares each of its inputs with
+        what it was given (``has_metadata_mutation``), so the backward's writes are taken
+        and the instances put back now, before a grown flatten list reaches that check."""
+        if self._late_block is not None and self._late:
+            late = self._late[-1]
+            late.kept = late.settle()
+            late.restore()
+        self.close_late()
 
     def answer_backward(self, scope: Scope, t: Tracked, name: Any) -> Any:
         """A read in the traced backward: an int the instance holds is a counted value
@@ -281,8 +312,11 @@ class Planner:
         late: dict[tuple, PlannedWrite] = {}
         forward = {(w.input_index, w.path, w.name) for w in self.writes or ()}
         for scope in self._late:
-            for w in scope.net_writes(scope.settle()):
+            events = scope.kept if scope.kept is not None else scope.settle()
+            for w in scope.net_writes(events):
                 t = w.tracked
+                if not isinstance(t.data, _Where):
+                    continue  # an incoming gradient: See Note [Writes on incoming gradients]
                 where: _Where = t.data
                 if isinstance(w.value, counters.CountedInt):
                     planned = PlannedWrite(where.index, where.path, w.name, ValueFrom.COUNTED, w.value.expr)
@@ -465,6 +499,25 @@ def _track_tree(scope: Scope, obj: Any, real: Any, where: _Where) -> None:
             _track_tree(scope, inner, inner_real, inner_where)
         elif scope.lookup(inner) is None:
             scope.track(inner, inner_real, inner_where, plain_inner=True)
+
+
+def _track_tangent(scope: Scope, obj: Any, depth: int = 0) -> None:
+    """Note [Writes on incoming gradients]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    In eager, the gradient flowing into an op's backward is a temporary autograd made
+    (``ones_like`` of the loss, then each backward formula's result): what dispatch writes
+    on it is gone when the backward returns. In the traced joint function it is an input
+    (a tangent), and a write that grows its flatten list fails AOTAutograd's input
+    comparison (``has_metadata_mutation``). Its writes are recorded and unwound, and not
+    replayed. A gradient the caller builds and passes to ``backward(gradient=g)`` would
+    keep them in eager: a documented limit (README, Limits)."""
+    if depth > 4 or scope.lookup(obj) is not None:
+        return
+    scope.track(obj, None)
+    for name in capture._flatten_names(obj):
+        child = capture.obj_dict(obj).get(name)
+        if _is_subclass(child):
+            _track_tangent(scope, child, depth + 1)
 
 
 def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: bool) -> Callable[..., Any]:
@@ -762,11 +815,13 @@ def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(joint)
         def joint_with_backward(*a: Any, **kw: Any) -> Any:
             planner.in_joint = True
+            planner.tangents = [t for t in pytree.tree_leaves(a[1:]) if _is_subclass(t)] if len(a) > 1 else []
             try:
                 return joint(*a, **kw)
             finally:
                 planner.in_joint = False
-                planner.close_late()
+                planner.tangents = []
+                planner.end_joint()
 
         return joint_with_backward
 

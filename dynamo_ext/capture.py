@@ -451,6 +451,8 @@ class Scope:
         #: Inner tensors the traced instance lacks are refused (the backward's scope does
         #: not: its instances are a finished pass's)
         self.check_inner = True
+        #: The writes taken when the scope's block ended early (the joint function returned)
+        self.kept: list[Write] | None = None
         #: Called with the frame of traced code that touched a tracked object (the Dynamo
         #: layer finds the user code dispatch runs this way: free_state.Collector).
         self.on_access: Callable[[Any, type], None] | None = None

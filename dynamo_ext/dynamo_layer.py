@@ -391,6 +391,11 @@ class FrameState:
             ref: Ref | None = t.data
             if ref is None:
                 continue  # an object made by the trace, not reachable from the graph
+            if t.real is None and _is_sibling_alias(t, w):
+                # ``y.cache = y.elem`` on a tensor the graph computes: the graph's outputs are
+                # built with that aliasing (the AOTAutograd layer restores it on rebuilt
+                # outputs); a residual write would put a separately rebuilt copy there.
+                continue
             kind = classify(w.value)
             marker = w.value if kind is ValueKind.CONSTANT else GRAPH_VALUE
             if not config.dynamo_layer:
@@ -434,21 +439,26 @@ class FrameState:
         if not is_traceable_wrapper_subclass(value):
             return None
 
-        def find(obj: Any, source: Any, depth: int) -> Any:
-            for name in capture._flatten_names(obj):
-                child = getattr(obj, name, None)
+        def find(t: Tracked, source: Any, depth: int) -> Any:
+            # Only inner objects the real object held when the frame started and still holds:
+            # the residual bytecode loads them from it.
+            for name in capture._flatten_names(t.obj):
+                if name in t.written or name not in capture.obj_dict(t.real):
+                    continue
+                child = capture.obj_dict(t.obj).get(name)
                 if child is value:
                     return AttrSource(source, name)
-                if depth < 4 and is_traceable_wrapper_subclass(child):
-                    found = find(child, AttrSource(source, name), depth + 1)
+                inner = self.scope.lookup(child) if depth < 4 else None
+                if inner is not None and inner.real is not None and is_traceable_wrapper_subclass(child):
+                    found = find(inner, AttrSource(source, name), depth + 1)
                     if found is not None:
                         return found
             return None
 
-        for t in self.scope.tracked.values():
+        for t in list(self.scope.tracked.values()):
             ref = t.data
-            if isinstance(ref, Ref) and ref.source is not None and ref.path == () and not t.shared:
-                found = find(t.obj, ref.source, 0)
+            if isinstance(ref, Ref) and ref.source is not None and ref.path == () and not t.shared and t.real is not None:
+                found = find(t, ref.source, 0)
                 if found is not None:
                     return found
         return None
@@ -490,6 +500,14 @@ class FrameState:
         )
         handoff.cacheable(proxy.node)
         return wrap_fx_proxy(self.tx, proxy)
+
+
+def _is_sibling_alias(t: Tracked, w: Write) -> bool:
+    names = capture._flatten_names(t.obj)
+    if w.name not in names or not isinstance(w.value, torch.Tensor):
+        return False
+    d = capture.obj_dict(t.obj)
+    return any(d.get(other) is w.value for other in names if other != w.name)
 
 
 @functools.cache

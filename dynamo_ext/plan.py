@@ -33,6 +33,7 @@ class ValueFrom(enum.Enum):
     INPUT = "input"  # value: position of the input it aliases
     INNER = "inner"  # value: (input position, path, attribute) of a tensor an input held
     COUNTED = "counted"  # value: an expression over attributes read (counters.py), computed at run time
+    SIBLING = "sibling"  # value: the name of another attribute of the same (output) object
     PACKED = "packed"  # value: (tuple type, ((ValueFrom, value), ...)): a torch.Size or tuple of symbolic ints
 
 
@@ -251,9 +252,12 @@ class Replay:
             check_entry(self.plan, inputs)
         extras = out[len(out) - self._cut :] if self._cut else ()  # extra outputs follow the caller's
         for index, path, name, value_from, value in self._output_steps:
-            if value_from is not ValueFrom.CONSTANT:
+            target = capture.follow(out[index], path) if path else out[index]
+            if value_from is ValueFrom.SIBLING:
+                value = getattr(target, value)
+            elif value_from is not ValueFrom.CONSTANT:
                 value = _resolve(value_from, value, inputs, extras)
-            setattr(capture.follow(out[index], path) if path else out[index], name, value)
+            setattr(target, name, value)
         out, extras = self.strip(out)
         self.apply(inputs, extras)
         if self.plan.backward_writes:

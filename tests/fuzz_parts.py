@@ -22,9 +22,10 @@ with the others:
   tuple, from another attribute (``object.__getattribute__``), or forwarding to the
   inner tensor; dispatch reads names with ``getattr(x, name, default)`` into an
   attribute or into the op's result.
-- ``ext_reads``: dispatch reads a module-level constant, a module-level dict entry, a
-  closure variable or a closure dict entry (the class is built by a factory) into an
-  attribute, a branch or the op's result; the program changes them between calls.
+- ``ext_reads``: dispatch reads a module-level constant (``GAIN``), a module-level dict
+  (``TABLE``, a per-op table), a closure variable or a closure dict entry (the class is
+  built by a factory) into an attribute, a branch or the op's result; the program changes
+  them between calls, and its own code may read the same globals.
 - ``inner``: the inner tensor is itself a writing subclass (its own ctx counter, a
   counter / step / tensor cache outside its ctx); ``inner_writes``: the outer dispatch
   writes on the inner object.
@@ -32,10 +33,11 @@ with the others:
   alone, toggled between alias and a rounded copy, or made an alias by an op; the op
   may compute with ``cache``.
 
-The program draws 1-3 inputs, 1-4 ops, an optional graph break, requires_grad with
-backward, 2-4 calls, ``dynamic``, a fixed or a changing batch size, and user changes
-of the inputs' attributes between calls (the same change on the eager and the compiled
-side).
+The program draws 1-3 inputs, 1-4 ops, an optional graph break (in the op loop of a nested
+frame, where Dynamo then compiles frames such as ``__torch_dispatch__`` on their own; or in
+the compiled function itself), requires_grad with backward, 2-4 calls, ``dynamic``, a
+fixed or a changing batch size, and user changes of the inputs' attributes between calls
+(the same change on the eager and the compiled side).
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 from hypothesis import event
-from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only
@@ -754,7 +756,8 @@ def program_st(draw, spec: Spec) -> Program:
             )
         )
     break_top = draw(st.booleans()) if break_after is not None else False
-    reads_globals = draw(st.booleans()) if spec.ext_reads else False
+    # user code reading the module globals dispatch reads too
+    reads_globals = draw(st.booleans()) if any(r.source.startswith("global") for r in spec.ext_reads) else False
     return Program(
         n_inputs, steps, break_after, requires_grad, calls, dynamic, batch, changes, ext_changes, break_top, reads_globals
     )

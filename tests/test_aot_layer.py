@@ -240,3 +240,77 @@ def test_backward_write_with_aot_function_directly():
         out.backward()
         assert_same_state(ey, cy)
         torch.testing.assert_close(cx.grad.elem, ex.grad.elem)
+
+
+# ------------------------------------------------------------------ writes on incoming gradients
+
+
+aten = torch.ops.aten
+
+
+class GrowsOnEveryMul(S.WritingTensor):
+    """Every mul sets ``cache`` on its first argument, which grows the flatten list; in the
+    backward the first argument is the incoming gradient (a temporary in eager)."""
+
+    INNER = ("elem", "cache")
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.cache = first.elem * 2
+            first.muls = getattr(first, "muls", 0) + 1
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_writes_on_the_incoming_gradient_are_unwound(dynamic):
+    # Stock AOTAutograd fails the joint trace: the tangent's flatten list grew
+    # ("object has no attribute 'cache'" in has_metadata_mutation).
+    def f(x, w):
+        return (x * w) * 3
+
+    def make():
+        return [GrowsOnEveryMul(torch.ones(3), requires_grad=True), GrowsOnEveryMul(torch.full((3,), 2.0), requires_grad=True)]
+
+    out = differential(f, make, backend="aot_eager", calls=3, backward=True, dynamic=dynamic)
+    assert out.frames <= 3  # x's flatten list grows on the first call, its count changes
+    assert out.compiled_inputs[0].muls == 3
+
+
+class CountsInBackward(S.WritingTensor):
+    """In the backward (grad mode off) each mul counts on every argument of its class, and
+    with ``GROW`` also sets a tensor that grows the flatten list."""
+
+    INNER = ("elem", "cache")
+    GROW = False
+
+    @classmethod
+    def before_op(cls, func, args, kwargs):
+        if func is aten.mul.Tensor and not torch.is_grad_enabled():
+            for a in args:
+                if isinstance(a, cls):
+                    a.seen = getattr(a, "seen", 0) + 1
+                    if cls.GROW:
+                        a.cache = a.elem
+
+
+class GrowsInBackward(CountsInBackward):
+    GROW = True
+
+
+def test_a_count_on_an_input_in_the_backward_is_replayed_and_the_gradient_s_dropped():
+    def make():
+        return [CountsInBackward(torch.ones(3), requires_grad=True), CountsInBackward(torch.full((3,), 2.0), requires_grad=True)]
+
+    out = differential(lambda x, w: x * w, make, backend="aot_eager", calls=2, backward=True)
+    assert out.compiled_inputs[0].seen == 2
+
+
+def test_a_tensor_written_on_an_input_in_the_backward_is_refused():
+    torch._dynamo.reset()
+    x = GrowsInBackward(torch.ones(3), requires_grad=True)
+    w = GrowsInBackward(torch.full((3,), 2.0), requires_grad=True)
+    compiled = torch.compile(lambda x, w: x * w, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception) as info:
+        compiled(x, w).sum().backward()
+    assert "write_in_backward" in str(info.value)
+    assert "cache" not in vars(x) and "seen" not in vars(x) and x.grad is None

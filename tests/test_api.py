@@ -84,3 +84,66 @@ def test_readme_refusal_table_is_the_records():
     assert refusal_table() in readme
     assert set(REFUSALS) == set(dynamo_ext.RefusalKind)
     assert len(readme) <= 16_000
+
+
+# --------------------------------------------------------------------------- names bound before enable()
+
+
+def _entry_points():
+    """Every public way to reach AOTAutograd, each as ``compile(fn, example) -> callable``,
+    with the names looked up now (the caller does it while dynamo_ext is disabled)."""
+    import functorch.compile as fc
+    import torch
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch import aot_autograd as aa
+
+    nop = fc.nop
+
+    def module_of(fn):
+        class M(torch.nn.Module):
+            def forward(self, x):
+                return fn(x)
+
+        return M()
+
+    def simplified(simplify):
+        def build(fn, example):
+            gm = torch.fx.symbolic_trace(lambda x: (fn(x),))
+            compiled = simplify(gm, [example], fw_compiler=nop)
+            return lambda x: compiled(x)[0]
+
+        return build
+
+    backend = aot_autograd(fw_compiler=nop)
+    compile_ = torch.compile
+    return {
+        "torch.compile": lambda fn, ex: compile_(fn, backend="aot_eager", fullgraph=True),
+        "torch.compile(aot_autograd(...))": lambda fn, ex: compile_(fn, backend=backend, fullgraph=True),
+        "functorch.compile.aot_function": lambda fn, ex: fc.aot_function(fn, fw_compiler=nop),
+        "functorch.compile.aot_module": lambda fn, ex: fc.aot_module(module_of(fn), fw_compiler=nop),
+        "aot_autograd.aot_function": lambda fn, ex, f=aa.aot_function: f(fn, fw_compiler=nop),
+        "aot_autograd.aot_module": lambda fn, ex, f=aa.aot_module: f(module_of(fn), fw_compiler=nop),
+        "aot_autograd.aot_module_simplified": simplified(aa.aot_module_simplified),
+    }
+
+
+def test_every_entry_point_bound_before_enable_sees_the_writes():
+    import torch
+
+    import subclasses as S
+    from harness import assert_same_state, stock_torch
+
+    def fn(x):
+        return x * 3
+
+    with stock_torch():
+        entries = _entry_points()  # every name bound while dynamo_ext is off
+    assert dynamo_ext.is_enabled()
+    for name, build in entries.items():
+        torch._dynamo.reset()
+        compiled = build(fn, S.CachingTensor(torch.arange(4.0)))
+        for _ in range(2):
+            e, c = S.CachingTensor(torch.arange(4.0)), S.CachingTensor(torch.arange(4.0))
+            torch.testing.assert_close(compiled(c).elem, fn(e).elem)
+            assert "cache" in vars(c), f"{name}: the write was lost"
+            assert_same_state(e, c, name)

@@ -174,3 +174,78 @@ def test_writes_through_both_names_of_a_doubly_flattened_inner(backend):
     out = differential(lambda x: x * 2, make, backend=backend, calls=2)
     x = out.compiled_inputs[0]
     assert x.cache is x.elem
+
+
+# ------------------------------------------------------------------ an output holding its inner twice
+
+
+class ResultsShareTheirInner(S.WritingTensor):
+    """Every result holds its inner tensor under two flattened names (``cache is elem``)."""
+
+    INNER = ("elem", "cache")
+
+    @classmethod
+    def wrap(cls, out, first):
+        r = super().wrap(out, first)
+        r.cache = r.elem
+        return r
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_an_output_holding_one_inner_under_two_names(backend, dynamic):
+    def f(x):
+        y = x * 2
+        return y + 1
+
+    differential(f, lambda: [ResultsShareTheirInner(torch.ones(3))], backend=backend, calls=2, dynamic=dynamic)
+
+
+# ------------------------------------------------------------------ cases kept as the fuzzer found them
+
+# Each is a (Spec, Program) the fuzzer reported, run by its own harness; the comment says what
+# went wrong before the fix.
+FOUND = [
+    # An attribute written in the trace (``step``, re-set between calls, not in the flatten list
+    # on the real object) was taken as the source of an inner alias: the residual bytecode
+    # loaded ``x.step`` and raised AttributeError.
+    (
+        "Spec(writes=(Write(op='mul',kind='counter',attr='a',in_ctx=False,grows_flatten=True),),"
+        "ctor=(('scale', 'zero_f'),),unflatten=('step', 'zero'),getattr_kind=None,"
+        "getattr_reads=(GetattrRead(op='mul', name='scale', use='attr'),GetattrRead(op='mul', name='scale', use='attr')),"
+        "ext_reads=(ExtRead(op='mul', source='closure_dict', use='attr'),),"
+        "inner=Inner(ctx_op=None, dict_op=None, dict_kind='step'),"
+        "inner_writes=(InnerWrite(op='add', kind='list', attr='seen'),InnerWrite(op='mul', kind='tensor', attr='ops')),"
+        "alias=None,alias_op='mul',alias_use=False)",
+        "Program(n_inputs=1,steps=(('mul', 1, 2), ('mul', 0, 2)),break_after=3,requires_grad=False,calls=4,"
+        "dynamic=True,batch='same',changes=(Change(call=3,input=0,what='set',attr='step',value='neg_zero_f'),),"
+        "ext_changes=((3, 'closure_var', 1.0),),break_top=False,reads_globals=True)",
+        "aot_eager",
+    ),
+    # An output kept a tensor subclass outside its flatten list (``scale``), returned as an
+    # extra output; AOTAutograd rebuilt it with its traced ctx, a SymInt of the trace.
+    (
+        "Spec(writes=(Write(op='add',kind='sym_desc',attr='a',in_ctx=False,grows_flatten=True),Write(op='add'"
+        ", kind='sym_desc', attr='step', in_ctx=False, grows_flatten=False),Write(op='sin',kind='sym_acc',att"
+        "r='step',in_ctx=True,grows_flatten=False)),ctor=(('scale', 'tensor'), ('step', 'none')),unflatten=No"
+        "ne,getattr_kind=None,getattr_reads=(GetattrRead(op='add', name='scale', use='output'),),ext_reads=(E"
+        "xtRead(op='mul', source='global_dict', use='output'),),inner=Inner(ctx_op='add', dict_op=None, dict_"
+        "kind='counter'),inner_writes=(InnerWrite(op='sin', kind='counter', attr='ops'),),alias=None,alias_op"
+        "='mul',alias_use=False)",
+        "Program(n_inputs=1,steps=(('add', 1, 1),),break_after=3,requires_grad=False,calls=2,dynamic=True,bat"
+        "ch='same',changes=(Change(call=1, input=0, what='served', attr='b', value='true'),Change(call=1, inp"
+        "ut=0, what='set', attr='a', value='neg_zero_f'),Change(call=1, input=1, what='served', attr='step', "
+        "value='one')),ext_changes=(),break_top=True,reads_globals=False)",
+        "aot_eager",
+    ),
+]
+
+
+@pytest.mark.parametrize("spec,program,backend", FOUND)
+def test_a_case_the_fuzzer_found(spec, program, backend):
+    import fuzz_parts as F
+
+    namespace = {name: getattr(F, name) for name in dir(F) if not name.startswith("_")}
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(suppress_errors=False):
+        F.run_case(eval(spec, namespace), eval(program, namespace), backend)

@@ -235,3 +235,87 @@ def test_dtensor_sharding_cache_not_larger_than_eager(mesh, fn, reduce_after):
           f"eager {eager}, compiled {compiled}")
     assert compiled[1] == compiled[0], "the cache grew with compiled calls"
     assert compiled[1][0] <= eager[1][0] and compiled[1][1] <= eager[1][1]
+
+
+# --------------------------------------------------------------------------- module state after reset()
+
+
+def _containers() -> dict[str, int]:
+    """The size of every container the package keeps at module level (and inside its
+    module-level helper objects), and of its memoizing caches."""
+    import collections
+    import importlib
+    import pkgutil
+    import weakref
+
+    import dynamo_ext
+
+    kinds = (dict, set, list, collections.deque, weakref.WeakValueDictionary, weakref.WeakKeyDictionary, weakref.WeakSet)
+    sizes: dict[str, int] = {}
+    for info in pkgutil.iter_modules(dynamo_ext.__path__):
+        module = importlib.import_module(f"dynamo_ext.{info.name}")
+        for name, value in vars(module).items():
+            where = f"{info.name}.{name}"
+            if getattr(value, "__module__", module.__name__) != module.__name__ and not isinstance(value, kinds):
+                continue  # imported, not the module's own
+            if isinstance(value, kinds) and name not in ("__all__",):
+                sizes[where] = len(value)
+            elif hasattr(value, "cache_info"):
+                sizes[where] = value.cache_info().currsize
+            elif type(value).__module__ == module.__name__ and hasattr(value, "__dict__") and not isinstance(value, type):
+                for attr, held in vars(value).items():
+                    if isinstance(held, kinds):
+                        sizes[f"{where}.{attr}"] = len(held)
+    return sizes
+
+
+def _writing_class(k: int) -> type:
+    class Fresh(S.WritingTensor):
+        """A new class each time (a model built again), writing a counter and a tensor."""
+
+        CTX = ("tag",)
+
+        @classmethod
+        def on_op(cls, func, first):
+            if func is torch.ops.aten.mul.Tensor:
+                first.tag += 1
+                first.calls = getattr(first, "calls", 0) + 1
+                first.cache = first.elem * 2
+
+    Fresh.__name__ = f"Fresh{k}"
+    return Fresh
+
+
+def test_fifty_compiles_then_reset_leave_module_state_as_before():
+    def run(k: int) -> None:
+        if k % 6 == 5:
+            torch._dynamo.reset()  # one code object, a new class each time: stay under the recompile limit
+        cls = _writing_class(k)
+        x = cls(torch.arange(4.0) + k, requires_grad=k % 2 == 0)
+        backend = ("eager", "aot_eager")[k % 2]
+        compiled = torch.compile(lambda t: (t * 2).sum(), backend=backend, fullgraph=k % 3 == 0)
+        out = compiled(x)
+        if x.requires_grad:
+            out.backward()
+        assert x.tag == 1 and x.calls == 1 and type(x.cache) is torch.Tensor
+        if k % 5 == 0:  # a refusal on the way (a write no epilogue can replay)
+            with pytest.raises(Exception, match="unreplayable_entry"):
+                torch.export.export(_Mul3(), (S.CachingTensor(torch.arange(4.0)),))
+
+    for k in range(-30, -24):  # first uses fill what is filled once per process (each path once)
+        run(k)
+    torch._dynamo.reset()
+    gc.collect()
+    before = _containers()
+    for k in range(50):
+        run(k)
+    torch._dynamo.reset()
+    gc.collect()
+    after = _containers()
+    grown = {name: (before.get(name), n) for name, n in after.items() if n != before.get(name)}
+    assert not grown, f"module state grew over 50 compiles and reset(): {grown}"
+
+
+class _Mul3(torch.nn.Module):
+    def forward(self, x):
+        return x * 3
