@@ -542,12 +542,27 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                     _track_tree(scope, a, real, _Where(i, ()))
                 else:
                     scope.track(a, None, _Where(i, ()))
+            elif isinstance(a, torch.Tensor) and planner is not None:
+                # dispatch of a subclass may write on a plain tensor it is given (``x.seen_by``)
+                real = planner.real_of(i)
+                if isinstance(real, torch.Tensor) and not _is_subclass(real):
+                    scope.track(a, real, _Where(i, ()), plain_inner=True)
+        watch = free_state.ModuleWatch()  # class attributes and module globals dispatch must leave alone
+        for t in scope.tracked.values():
+            watch.add_class(type(t.obj))
+            watch.add(type(t.obj).__module__)
         try:
             try:
-                with scope.active():
+                with scope.active(), watch.watching() as changes:
                     out = fn(*args, **kwargs)
             except capture.FlattenMismatch as bad:
                 raise SubclassWriteError(RefusalKind.FLATTEN_ROUND_TRIP, bad.tracked.cls_name, bad.name, "Tensor") from None
+            if changes:
+                raise SubclassWriteError(
+                    RefusalKind.GLOBAL_STATE_WRITE, next((t.cls_name for t in scope.tracked.values()), "traced function"),
+                    f"{changes[0].module}.{changes[0].name}", changes[0].what,
+                    context=", ".join(f"{c.module}.{c.name} ({c.what})" for c in changes),
+                )
             writes = scope.settle()
             _refuse_inner_metadata_mutation(scope)
             net = scope.net_writes(writes)

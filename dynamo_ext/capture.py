@@ -310,7 +310,7 @@ class Tracked:
             d[name] = value
             self.expected[name] = value
             if isinstance(value, PLAIN_MUTABLE) and not contains_tensor(value):
-                self.containers[name] = (value, copy.deepcopy(value))
+                self.containers[name] = (value, _snapshot(value))
         self.settled.add(name)
 
 
@@ -602,7 +602,7 @@ class Scope:
             for name, (container, contents) in list(t.containers.items()):
                 if actual.get(name) is container and _changed(container, contents):
                     self.events.append(Write(t, name, container, contents, in_place=True))
-                    t.containers[name] = (container, copy.deepcopy(container))
+                    t.containers[name] = (container, _snapshot(container))
             for name, contents in t.entry_containers.items():
                 container = t.entry.get(name)
                 if name not in t.containers and actual.get(name) is container and _changed(container, contents):
@@ -635,7 +635,21 @@ class Scope:
         return list(last.values())
 
 
+_UNCOPYABLE: Any = object()
+
+
+def _snapshot(container: Any) -> Any:
+    """A copy to compare with later; a container now holding what does not copy (a traced
+    tensor, a symbolic int) compares as changed from then on."""
+    try:
+        return copy.deepcopy(container)
+    except Exception:  # noqa: BLE001 - whatever deepcopy rejects
+        return _UNCOPYABLE
+
+
 def _changed(container: Any, contents: Any) -> bool:
+    if contents is _UNCOPYABLE:
+        return True
     try:
         return bool(container != contents)
     except Exception:

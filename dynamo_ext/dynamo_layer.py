@@ -160,6 +160,23 @@ class FrameState:
             return self.scope.track(fake, None, Ref(vt, None, vt.proxy.node))
         return None
 
+    def track_plain_arg(self, node: torch.fx.Node) -> None:
+        """A plain tensor an op on a subclass is given (a graph input, or a tensor the graph
+        computed): dispatch may write on it too (``x.seen_by = w.n``), a write to replay."""
+        fake = node.meta.get("example_value")
+        if not isinstance(fake, torch.Tensor) or self.scope.lookup(fake) is not None:
+            return
+        vt = self.input_vt(fake)
+        if vt is not None and vt.source is not None and "grapharg" in vt.proxy.node.meta:
+            real = vt.proxy.node.meta["grapharg"].example
+            if isinstance(real, torch.Tensor):
+                self.scope.track(fake, real, Ref(vt, vt.source, vt.proxy.node), plain_inner=True)
+            return
+        vt = self.intermediate_vt(fake)
+        if vt is not None:  # a tensor the graph computed: the caller may receive it
+            self.scope.track(fake, None, Ref(vt, None, vt.proxy.node), plain_inner=True)
+        return None
+
     def _track_real(self, fake: Any, real: Any, ref: Ref) -> Tracked:
         """Track a traced object standing for ``real``, with what it reaches: subclasses
         nested in its flatten list, registered state objects reachable from it."""
@@ -359,7 +376,11 @@ class FrameState:
             if is_immutable_constant(value) or (isinstance(value, PLAIN_MUTABLE) and not contains_tensor(value)):
                 guards.constant(source, value)
                 self.record.free_reads.append((r.module or f"<closure of {r.code_name}>", r.name, value))
-            elif capture.is_registered(value) or free_state.is_user_code(getattr(sys.modules.get(type(value).__module__), "__file__", "") or ""):
+            elif isinstance(value, type) or (isinstance(value, tuple) and all(isinstance(v, type) for v in value)):
+                guards.guard(source, "ID_MATCH")  # a class, or a tuple of them (isinstance checks)
+            elif capture.is_registered(value) or (
+                hasattr(value, "__dict__") and free_state.is_user_class(type(value)) and type(value).__module__ != "builtins"
+            ):
                 # A user object: its attribute reads are answered and guarded like a
                 # registered ctx-state object's, which needs the op run again.
                 guards.guard(source, "ID_MATCH")
@@ -707,6 +728,21 @@ def _subclass_arg_nodes(node: torch.fx.Node) -> list[torch.fx.Node]:
     return found
 
 
+def _plain_arg_nodes(node: torch.fx.Node) -> list[torch.fx.Node]:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    found: list[torch.fx.Node] = []
+
+    def visit(arg: torch.fx.Node) -> torch.fx.Node:
+        value = arg.meta.get("example_value")
+        if arg not in found and isinstance(value, torch.Tensor) and not is_traceable_wrapper_subclass(value):
+            found.append(arg)
+        return arg
+
+    torch.fx.node.map_arg((node.args, node.kwargs), visit)
+    return found
+
+
 def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replacement for ``torch._dynamo.utils._get_fake_value_impl``."""
 
@@ -721,6 +757,8 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         tracked = [t for t in (state.track_arg(a) for a in args) if t is not None]
         if not tracked:
             return original(node, tx, allow_non_graph_fake)
+        for arg in _plain_arg_nodes(node):
+            state.track_plain_arg(arg)
         return _propagate(state, node, tx, original, allow_non_graph_fake, tracked)
 
     return _get_fake_value_impl
@@ -735,6 +773,7 @@ def _propagate(
     try:
         for t in tracked:
             state.collector.add_class(type(t.obj))
+            state.watch.add_class(type(t.obj))
         state.guard_free_reads()  # objects the classes' code reaches are tracked before it runs
         while True:
             checkpoint = _Checkpoint(scope)
@@ -762,6 +801,12 @@ def _propagate(
             except capture.FlattenMismatch as bad:
                 checkpoint.rollback()
                 _graph_break(RefusalKind.FLATTEN_ROUND_TRIP, bad.tracked, bad.name, "Tensor", "")
+            except Exception as exc:
+                checkpoint.rollback()
+                user = _raised_by_user_code(exc)
+                if user is not None:
+                    _graph_break(RefusalKind.DISPATCH_RAISED, tracked[0], "<dispatch>", type(user).__name__, repr(user)[:300])
+                raise
             except BaseException:
                 checkpoint.rollback()
                 raise
@@ -775,6 +820,24 @@ def _propagate(
     finally:
         state._node = None
         state.collector.forget_frame()  # a finished frame keeps its locals (fakes) alive
+
+
+def _raised_by_user_code(exc: BaseException) -> BaseException | None:
+    """The exception user code raised itself (``raise ValueError(...)`` in dispatch), not one
+    torch raised (a shape error, a data-dependent guard, Dynamo's own signals); None if not."""
+    for _ in range(4):  # torch wraps what fake propagation raised (TorchRuntimeError)
+        inner = exc.__cause__ or exc.__context__
+        if type(exc).__module__.startswith("torch._dynamo") and inner is not None:
+            exc = inner
+    module = type(exc).__module__ or ""
+    if module.startswith(("torch", "dynamo_ext")) or not isinstance(exc, Exception):
+        return None
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    return exc if last is not None and free_state.is_user_code(last.tb_frame.f_code.co_filename) else None
 
 
 def _first_subclass(state: FrameState, node: torch.fx.Node) -> Tracked:

@@ -30,6 +30,7 @@ class RefusalKind(str, enum.Enum):
     INCONSISTENT_PASSES = "inconsistent_passes"
     FLATTEN_ROUND_TRIP = "flatten_round_trip"
     GLOBAL_STATE_WRITE = "global_state_write"
+    DISPATCH_RAISED = "dispatch_raised"
 
     @property
     def gb_type(self) -> str:
@@ -192,7 +193,7 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         ),
         Refusal(
             RefusalKind.GLOBAL_STATE_WRITE,
-            "Dispatch rebound a module global or mutated a module-level container (a global log list).",
+            "Dispatch rebound a module global, mutated a module-level container (a global log list) or set a class attribute (a class-level counter).",
             "The compiled program replays attribute writes on the objects the op reaches; a "
             "change to a module's globals made while tracing would happen once, at compile "
             "time, instead of on every call.",
@@ -200,8 +201,21 @@ REFUSALS: dict[RefusalKind, Refusal] = {
                 "Keep the state on the tensor (an attribute, or a registered ctx-state object).",
                 "Or run the op eagerly (torch._dynamo.disable on the code that logs).",
             ),
+            "both",
+            what="changed the global state {attr!r} ({value_type})",
+        ),
+        Refusal(
+            RefusalKind.DISPATCH_RAISED,
+            "Dispatch raised an exception of its own while traced (a budget check on a counter).",
+            "In eager the exception leaves the state dispatch wrote before raising; a compiled "
+            "program cannot raise it at run time. The op runs eagerly (fullgraph=False), where it "
+            "raises as in eager.",
+            (
+                "Let the frame graph-break (fullgraph=False): the op then raises exactly as in eager.",
+                "Or check the condition in user code before the compiled call.",
+            ),
             "Dynamo",
-            what="changed module global {attr!r} (value of type {value_type})",
+            what="raised {value_type} while traced (state {attr!r})",
         ),
     ]
 }

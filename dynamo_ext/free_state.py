@@ -9,9 +9,10 @@ scale factor the user changes between calls would stay baked into the compiled g
   installed only while dispatch of a tracked object runs, and only when no other
   profiler is installed); ``reads`` then lists the globals and closure variables that
   code can load, for the Dynamo layer to guard them as it guards a user's own.
-- ``ModuleWatch`` notices dispatch rebinding a module global or mutating a module-level
-  container (a global log list), which no compiled program can replay: the watch puts
-  the module back and the layer refuses the op (it then runs eagerly).
+- ``ModuleWatch`` notices dispatch rebinding a module global, mutating a module-level
+  container (a global log list) or setting a class attribute (a class-level counter),
+  which no compiled program can replay: the watch puts them back and the layer refuses
+  the op (it then runs eagerly).
 """
 
 from __future__ import annotations
@@ -248,6 +249,14 @@ class ModuleWatch:
 
     def __init__(self) -> None:
         self.modules: dict[str, dict] = {}
+        self.classes: dict[type, None] = {}  # user classes whose attributes dispatch must leave alone
+
+    def add_class(self, cls: type) -> None:
+        """A class (and its user bases) whose own attributes are shared by every instance:
+        a class-level counter dispatch bumps (``cls.total += 1``) is global state."""
+        for klass in cls.__mro__:
+            if klass not in self.classes and klass.__module__ != "builtins" and is_user_class(klass):
+                self.classes[klass] = None
 
     def add(self, module_name: str | None) -> None:
         if not module_name or module_name in self.modules:
@@ -264,10 +273,25 @@ class ModuleWatch:
             name: (dict(ns), {k: _contents(v) for k, v in ns.items() if type(v) in _CONTAINERS})
             for name, ns in self.modules.items()
         }
+        classes = dict(self.classes)
+        for name, ns in self.modules.items():
+            for value in list(ns.values()):
+                if isinstance(value, type) and value.__module__ == name:
+                    classes.setdefault(value, None)
+        class_attrs = {cls: _class_state(cls) for cls in classes}
         changes: list[GlobalChange] = []
         try:
             yield changes
         finally:
+            for cls, attrs in class_attrs.items():
+                now = _class_state(cls)
+                for key in set(now) | set(attrs):
+                    if now.get(key, _ABSENT) is not attrs.get(key, _ABSENT):
+                        changes.append(GlobalChange(cls.__module__, f"{cls.__qualname__}.{key}", "rebound (a class attribute)"))
+                        if key in attrs:
+                            type.__setattr__(cls, key, attrs[key])
+                        else:
+                            type.__delattr__(cls, key)
             for module_name, (bindings, containers) in before.items():
                 ns = self.modules[module_name]
                 for key in set(ns) | set(bindings):
@@ -287,6 +311,10 @@ class ModuleWatch:
 
 
 _ABSENT = object()
+
+
+def _class_state(cls: type) -> dict[str, Any]:
+    return {k: v for k, v in vars(cls).items() if not k.startswith("__") and not k.startswith("_dynamo")}
 
 
 def _refill(value: Any, contents: Any) -> None:

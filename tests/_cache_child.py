@@ -20,11 +20,17 @@ def mul3(x):
 dynamo_ext.enable()
 dynamo_ext.config.dynamo_layer = sys.argv[1] == "both_layers"
 state = {}
-for cls in (S.CounterTensor, S.CachingTensor, S.UnseenByDynamo):
+for cls in (S.QuietTensor, S.CounterTensor, S.CachingTensor, S.UnseenByDynamo):
     torch._dynamo.reset()
     x = cls(torch.arange(4.0))
     torch.compile(mul3, backend="inductor", fullgraph=True)(x)
     state[cls.__name__] = {
         k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in sorted(x.__dict__.items())
     }
-print(json.dumps({"state": state, "fxgraph_hits": counters["inductor"]["fxgraph_cache_hit"]}))
+aot = counters["aot_autograd"]
+print(json.dumps({
+    "state": state,
+    "fxgraph_hits": counters["inductor"]["fxgraph_cache_hit"],
+    "aot_hits": aot["autograd_cache_hit"],
+    "aot_bypasses": aot["autograd_cache_bypass"],
+}))

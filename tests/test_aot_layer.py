@@ -178,14 +178,15 @@ def test_backward_write_depending_on_forward_write_is_refused():
 def test_passes_that_disagree_are_refused():
     from torch._functorch.aot_autograd import aot_function
 
-    class Flaky(S.WritingTensor):
-        n = 0
+    import itertools
 
+    passes = itertools.count(1)  # state no guard or watch sees (a class attribute is refused)
+
+    class Flaky(S.WritingTensor):
         @classmethod
         def on_op(cls, func, first):
             if func is torch.ops.aten.mul.Tensor:
-                Flaky.n += 1
-                first.pass_no = Flaky.n  # a different constant in every pass
+                first.pass_no = next(passes)  # a different constant in every pass
 
     with pytest.raises(SubclassWriteError, match=RefusalKind.INCONSISTENT_PASSES.gb_type):
         aot_function(mul3, fw_compiler=nop)(Flaky(torch.arange(4.0)))

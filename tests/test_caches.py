@@ -19,7 +19,7 @@ CHILD = os.path.join(os.path.dirname(__file__), "_cache_child.py")
 
 def _eager_state():
     state = {}
-    for cls in (S.CounterTensor, S.CachingTensor, S.UnseenByDynamo):
+    for cls in (S.QuietTensor, S.CounterTensor, S.CachingTensor, S.UnseenByDynamo):
         x = cls(torch.arange(4.0))
         x * 3
         state[cls.__name__] = {
@@ -39,6 +39,9 @@ def test_second_process_with_warm_cache_replays_the_same_writes(tmp_path, mode):
     cold, warm = runs
     assert cold["state"] == warm["state"] == _eager_state()
     assert warm["fxgraph_hits"] > cold["fxgraph_hits"]  # the warm run did hit the cache
+    # ... and AOTAutogradCache, for the subclass that writes nothing and for each writing one
+    assert (cold["aot_hits"], warm["aot_hits"]) == (0, 4)
+    assert cold["aot_bypasses"] == warm["aot_bypasses"] == 0
 
 
 # --------------------------------------------------------------------------- #

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
+import dynamo_ext
 import subclasses as S
 from harness import differential, stock_torch
 
@@ -226,3 +227,85 @@ def test_a_module_object_a_class_hook_writes_is_written_once_per_call(backend):
     for call in range(1, 4):
         compiled(x)
         assert OP_STATS.muls == call
+
+
+# --------------------------------------------------------------------------- writes on plain tensors
+
+
+class TagsItsActivation(S.WritingTensor):
+    """A weight whose matmul counts its uses and tags the plain activation it multiplies."""
+
+    @classmethod
+    def before_op(cls, func, args, kwargs):
+        if func is torch.ops.aten.mm.default and isinstance(args[1], cls):
+            x, w = args
+            w.uses = getattr(w, "uses", 0) + 1
+            x.seen_by = w.uses
+
+
+def _mm_input(w, x):
+    return torch.mm(x, w)
+
+
+def _mm_intermediate(w, x):
+    y = x * 2
+    return y, torch.mm(y, w)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fn", [_mm_input, _mm_intermediate], ids=["graph_input", "returned_intermediate"])
+def test_dispatch_writes_on_a_plain_tensor_it_is_given(backend, fn):
+    def make():
+        return [TagsItsActivation(torch.randn(3, 2, generator=torch.Generator().manual_seed(0))), torch.ones(4, 3)]
+
+    out = differential(fn, make, backend=backend, calls=3)
+    assert out.compiled_inputs[0].uses == 3
+    if fn is _mm_input:
+        assert out.compiled_inputs[1].seen_by == 3
+
+
+def test_dispatch_writes_on_a_plain_tensor_under_the_aot_layer_alone():
+    from functorch.compile import aot_function, nop
+
+    w, x = TagsItsActivation(torch.ones(3, 2)), torch.ones(4, 3)
+    aot_function(_mm_input, fw_compiler=nop)(w, x)
+    assert (w.uses, x.seen_by) == (1, 1)
+    torch._dynamo.reset()
+    with dynamo_ext.config.patch(dynamo_layer=False):
+        compiled = torch.compile(_mm_input, backend="aot_eager", fullgraph=True)
+        w, x = TagsItsActivation(torch.ones(3, 2)), torch.ones(4, 3)
+        for _ in range(2):
+            compiled(w, x)
+    assert (w.uses, x.seen_by) == (2, 2)
+
+
+# --------------------------------------------------------------------------- a global tuple of classes
+
+
+class Marks(S.WritingTensor):
+    """Dispatch counts the ops whose inner tensor is not one of the module's WRAPPED classes."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is torch.ops.aten.mul.Tensor:
+            first.unwrapped = getattr(first, "unwrapped", 0) + (0 if isinstance(first.elem, WRAPPED) else 1)
+
+
+WRAPPED: tuple = (Marks,)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_dispatch_reads_a_global_tuple_of_classes(backend):
+    global WRAPPED
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x * 2, backend=backend, fullgraph=True)
+    xe, xc = Marks(torch.ones(3)), Marks(torch.ones(3))
+    try:
+        for wrapped in [(Marks,), (torch.Tensor,), (Marks,)]:
+            WRAPPED = wrapped  # the user rebinds it between calls: guarded, as Dynamo guards globals
+            xe * 2
+            compiled(xc)
+            assert xc.unwrapped == xe.unwrapped
+    finally:
+        WRAPPED = (Marks,)
+    assert xe.unwrapped == 2
