@@ -831,8 +831,21 @@ def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         def joint_with_backward(*a: Any, **kw: Any) -> Any:
             planner.in_joint = True
             planner.tangents = [t for t in pytree.tree_leaves(a[1:]) if _is_subclass(t)] if len(a) > 1 else []
+            watch = free_state.ModuleWatch()  # the backward may bump a class-level counter too
+            for leaf in pytree.tree_leaves(a):
+                if _is_subclass(leaf):
+                    watch.add_class(type(leaf))
+                    watch.add(type(leaf).__module__)
             try:
-                return joint(*a, **kw)
+                with watch.watching() as changes:
+                    out = joint(*a, **kw)
+                if changes:
+                    raise SubclassWriteError(
+                        RefusalKind.GLOBAL_STATE_WRITE, type(planner.tangents[0]).__name__ if planner.tangents else "backward",
+                        f"{changes[0].module}.{changes[0].name}", changes[0].what,
+                        context="in the backward: " + ", ".join(f"{c.module}.{c.name} ({c.what})" for c in changes),
+                    )
+                return out
             finally:
                 planner.in_joint = False
                 planner.tangents = []

@@ -479,8 +479,7 @@ class Scope:
                 full.add(type(t.obj))
             elif t.real is not None:
                 version.add(type(t.obj))
-                if user_state(obj_dict(t.real)):  # the user keeps attributes on it: answer them
-                    full.add(type(t.obj))
+                full.add(type(t.obj))  # user code may keep attributes on it: answer them
         return full, version
 
     def lookup(self, obj: Any) -> Tracked | None:
@@ -522,8 +521,16 @@ class Scope:
             return get(t.obj, name)
         if t.real is None or self.answer is None or name in t.settled or name[:2] == "__":
             return get(t.obj, name)
-        if t.plain_inner and name not in obj_dict(t.real):
-            return get(t.obj, name)  # the trace tensor's own (fake_mode, ...): only user state is answered
+        if name == "_version" and t.plain_inner:
+            # what the version hooks answer when user code reads it (See _make_version_hooks)
+            return self.answer(self, t, name) if _called_from_user(3) else get(t.obj, name)
+        if t.plain_inner and name not in obj_dict(t.real) and (
+            name in obj_dict(t.obj) or class_attribute(type(t.obj), name) is not MISSING or not _called_from_user(3)
+        ):
+            # the trace tensor's own (fake_mode, ...): only user state is answered, and a
+            # user read of a name the real tensor lacks (``getattr(x, "seen_by", 0)``) is
+            # answered "absent", guarded
+            return get(t.obj, name)
         if name in t.absent:
             self._before_user_getattr(t)
             raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import sys
 import types
 from typing import Any, Callable, NoReturn
@@ -365,19 +366,25 @@ class FrameState:
         retry = False
         for r in self.collector.reads():
             value = r.value
-            if isinstance(value, types.ModuleType) or is_code_object(value) or isinstance(value, torch.Tensor):
+            if isinstance(value, types.ModuleType):
+                self.watch.add_module_object(value)  # its attributes are globals too
+                continue
+            if is_code_object(value) or isinstance(value, torch.Tensor):
                 continue  # code, or a tensor fake propagation cannot use anyway
             if r.cell is None:
                 self.watch.add(r.module)
                 source = AttrSource(self.tx.import_source(r.module), r.name)
             else:
+                self.watch.add_cell(f"{r.code_name}.{r.name}", r.cell)
                 holder = self.tx.output.install_global_by_id("__dynamo_ext_cell", r.cell)
                 source = AttrSource(GlobalSource(holder), "cell_contents")
             if is_immutable_constant(value) or (isinstance(value, PLAIN_MUTABLE) and not contains_tensor(value)):
                 guards.constant(source, value)
                 self.record.free_reads.append((r.module or f"<closure of {r.code_name}>", r.name, value))
-            elif isinstance(value, type) or (isinstance(value, tuple) and all(isinstance(v, type) for v in value)):
-                guards.guard(source, "ID_MATCH")  # a class, or a tuple of them (isinstance checks)
+            elif isinstance(value, type) or (
+                isinstance(value, (tuple, frozenset)) and all(isinstance(v, type) for v in value)
+            ):
+                guards.guard(source, "ID_MATCH")  # a class, or a tuple or frozenset of them (isinstance checks)
             elif capture.is_registered(value) or (
                 hasattr(value, "__dict__") and free_state.is_user_class(type(value)) and type(value).__module__ != "builtins"
             ):
@@ -832,12 +839,16 @@ def _raised_by_user_code(exc: BaseException) -> BaseException | None:
     module = type(exc).__module__ or ""
     if module.startswith(("torch", "dynamo_ext")) or not isinstance(exc, Exception):
         return None
+    # The innermost frame that is not dynamo_ext's own (an absent attribute is answered with
+    # AttributeError by the attribute hooks, on behalf of the user code that read it).
+    frames = []
     tb = exc.__traceback__
-    last = None
     while tb is not None:
-        last = tb
+        frames.append(tb.tb_frame.f_code.co_filename)
         tb = tb.tb_next
-    return exc if last is not None and free_state.is_user_code(last.tb_frame.f_code.co_filename) else None
+    own = os.path.dirname(__file__) + os.sep
+    outside = [f for f in frames if not f.startswith(own)]
+    return exc if outside and free_state.is_user_code(outside[-1]) else None
 
 
 def _first_subclass(state: FrameState, node: torch.fx.Node) -> Tracked:

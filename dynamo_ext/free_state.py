@@ -250,6 +250,24 @@ class ModuleWatch:
     def __init__(self) -> None:
         self.modules: dict[str, dict] = {}
         self.classes: dict[type, None] = {}  # user classes whose attributes dispatch must leave alone
+        self.cells: dict[int, tuple[str, Any]] = {}  # closure cells dispatch code reads: (name, cell)
+
+    def add_module_object(self, module: types.ModuleType) -> None:
+        """A module object dispatch reaches through a global (``stats.calls += 1``)."""
+        top = module.__name__.split(".")[0]
+        if top in ("torch", "builtins") or top in sys.stdlib_module_names or not isinstance(vars(module), dict):
+            return  # torch's own namespaces (torch.ops.aten), the standard library
+        if not is_user_code(getattr(module, "__file__", "") or ""):
+            return
+        key = f"{module.__name__}#{id(module)}"
+        if key not in self.modules and sys.modules.get(module.__name__) is not module:
+            self.modules[key] = vars(module)
+        elif module.__name__ not in self.modules:
+            self.add(module.__name__)
+
+    def add_cell(self, name: str, cell: Any) -> None:
+        """A closure variable dispatch code reads (a ``nonlocal`` counter is global state too)."""
+        self.cells.setdefault(id(cell), (name, cell))
 
     def add_class(self, cls: type) -> None:
         """A class (and its user bases) whose own attributes are shared by every instance:
@@ -279,10 +297,29 @@ class ModuleWatch:
                 if isinstance(value, type) and value.__module__ == name:
                     classes.setdefault(value, None)
         class_attrs = {cls: _class_state(cls) for cls in classes}
+        class_containers = {
+            cls: {k: _contents(v) for k, v in attrs.items() if type(v) in _CONTAINERS} for cls, attrs in class_attrs.items()
+        }
+        cells = {key: (name, cell, _cell_value(cell)) for key, (name, cell) in self.cells.items()}
+        cell_containers = {key: _contents(v) for key, (_, _, v) in cells.items() if type(v) in _CONTAINERS}
         changes: list[GlobalChange] = []
         try:
             yield changes
         finally:
+            for key, (name, cell, value) in cells.items():
+                now = _cell_value(cell)
+                if now is not value:
+                    changes.append(GlobalChange("<closure>", name, "rebound (a closure variable)"))
+                    cell.cell_contents = value
+                elif key in cell_containers and not _same_contents(now, cell_containers[key]):
+                    changes.append(GlobalChange("<closure>", name, "mutated in place (a closure variable)"))
+                    _refill(now, cell_containers[key])
+            for cls, contents in class_containers.items():
+                for key, held in contents.items():
+                    value = vars(cls).get(key)
+                    if value is class_attrs[cls][key] and not _same_contents(value, held):
+                        changes.append(GlobalChange(cls.__module__, f"{cls.__qualname__}.{key}", "mutated in place (a class attribute)"))
+                        _refill(value, held)
             for cls, attrs in class_attrs.items():
                 now = _class_state(cls)
                 for key in set(now) | set(attrs):
@@ -298,7 +335,7 @@ class ModuleWatch:
                     if key.startswith("__"):
                         continue
                     if ns.get(key, _ABSENT) is not bindings.get(key, _ABSENT):
-                        changes.append(GlobalChange(module_name, key, "rebound"))
+                        changes.append(GlobalChange(module_name.split("#")[0], key, "rebound"))
                         if key in bindings:
                             ns[key] = bindings[key]
                         else:
@@ -306,7 +343,7 @@ class ModuleWatch:
                 for key, contents in containers.items():
                     value = ns.get(key)
                     if value is not None and not _same_contents(value, contents):
-                        changes.append(GlobalChange(module_name, key, "mutated in place"))
+                        changes.append(GlobalChange(module_name.split("#")[0], key, "mutated in place"))
                         _refill(value, contents)
 
 

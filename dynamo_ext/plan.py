@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import pickle
 from typing import Any, Callable, Sequence
 
@@ -158,6 +159,8 @@ def _holds(r: EntryRead, now: Any) -> bool:
         return isinstance(now, torch.Tensor)
     if r.kind is ReadKind.ATTR and classify(now) is not ValueKind.CONSTANT:
         return False
+    if type(now) is float and type(r.value) is float and now == r.value == 0.0:
+        return math.copysign(1.0, now) == math.copysign(1.0, r.value)  # -0.0 == 0.0, but not in eager's arithmetic
     return type(now) is type(r.value) and now == r.value
 
 

@@ -238,6 +238,17 @@ FOUND = [
         "value='one')),ext_changes=(),break_top=True,reads_globals=False)",
         "aot_eager",
     ),
+    # The user set a float dispatch reads to -0.0 where the trace read 0.0: == guards took
+    # them as equal, and the cached code replayed the value computed from 0.0.
+    (
+        "Spec(writes=(Write(op='add',kind='update',attr='a',in_ctx=False,grows_flatten=False,),),ctor=(('a', "
+        "'zero_f'),),unflatten=None,getattr_kind=None,getattr_reads=(),ext_reads=(),inner=None,inner_writes=("
+        "),alias=None,alias_op='mul',alias_use=False)",
+        "Program(n_inputs=1,steps=(('add', 0, 0),),break_after=None,requires_grad=False,calls=2,dynamic=None,"
+        "batch='same',changes=(Change(call=1,input=0,what='set_equal',attr='a',value='cold',),),ext_changes=("
+        "),break_top=False,reads_globals=False)",
+        "eager",
+    ),
 ]
 
 

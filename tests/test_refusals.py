@@ -222,3 +222,125 @@ def test_an_exception_dispatch_raises_is_raised_as_in_eager(backend):
         compiled(x)
     assert "budget exceeded" in str(info.value)
     assert x.spent == 2  # nothing touched
+
+
+# --------------------------------------------------------------------------- more global state
+
+
+STATS = __import__("types").ModuleType("stats")  # a module object dispatch reaches through a global
+STATS.calls = 0
+
+
+def _global_writer(kind: str) -> type:
+    calls = 0
+
+    class Writes(S.WritingTensor):
+        table: dict = {}
+        log: list = []
+
+        @classmethod
+        def on_op(cls, func, first):
+            nonlocal calls
+            if func is not torch.ops.aten.mul.Tensor:
+                return
+            if kind == "module_object":
+                STATS.calls += 1
+            elif kind == "class_dict":
+                Writes.table["mul"] = Writes.table.get("mul", 0) + 1
+            elif kind == "class_list":
+                Writes.log.append("mul")
+            elif kind == "closure":
+                calls += 1
+            first.seen = True
+
+    Writes.state = lambda: (STATS.calls, dict(Writes.table), list(Writes.log), calls)
+    return Writes
+
+
+GLOBAL_KINDS = ["module_object", "class_dict", "class_list", "closure"]
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("kind", GLOBAL_KINDS)
+def test_state_outside_the_tensors_is_refused_and_runs_eagerly(backend, kind):
+    cls = _global_writer(kind)
+    STATS.calls = 0
+    before = cls.state()
+    torch._dynamo.reset()
+    x = cls(torch.arange(4.0))
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="global_state_write"):
+        torch.compile(mul3, backend=backend, fullgraph=True)(x)
+    assert cls.state() == before and "seen" not in vars(x)  # nothing touched
+
+    def with_work_around(x):
+        return x.sin() + mul3(x)
+
+    xe = cls(torch.arange(4.0))
+    for _ in range(3):
+        with_work_around(xe)
+    eager = cls.state()
+    cls2 = _global_writer(kind)
+    STATS.calls = 0
+    torch._dynamo.reset()
+    compiled = torch.compile(with_work_around, backend=backend)
+    xc = cls2(torch.arange(4.0))
+    for _ in range(3):
+        compiled(xc)
+    assert cls2.state() == eager
+    assert_same_state(xe, xc)
+
+
+class CountsBackwardOnTheClass(S.WritingTensor):
+    backward_muls = 0
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is torch.ops.aten.mul.Tensor and not torch.is_grad_enabled():
+            CountsBackwardOnTheClass.backward_muls += 1
+
+
+def test_a_class_attribute_written_in_the_backward():
+    def f(x, w):
+        return (x * w).sum()
+
+    def run(fn):
+        CountsBackwardOnTheClass.backward_muls = 0
+        x = CountsBackwardOnTheClass(torch.ones(3), requires_grad=True)
+        w = CountsBackwardOnTheClass(torch.full((3,), 2.0), requires_grad=True)
+        for _ in range(2):
+            fn(x, w).backward()
+        return CountsBackwardOnTheClass.backward_muls
+
+    expected = run(f)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="global_state_write"):
+        run(torch.compile(f, backend="aot_eager", fullgraph=True))
+    torch._dynamo.reset()
+    assert run(torch.compile(f, backend="aot_eager")) == expected
+
+
+class ReadsAMissingName(S.WritingTensor):
+    """Dispatch counts, then reads an attribute only set by the user (AttributeError in eager
+    once the count passes 2)."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        first.n = getattr(first, "n", 0) + 1
+        if first.n > 2:
+            first.required_setting  # noqa: B018 - raises AttributeError, as in eager
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_an_attribute_error_dispatch_raises_is_raised_as_in_eager(backend):
+    def drive(fn):
+        x, log = ReadsAMissingName(torch.ones(3)), []
+        for _ in range(3):
+            try:
+                fn(x)
+                log.append(("ok", x.n))
+            except AttributeError:
+                log.append(("AttributeError", x.n))
+        return log
+
+    torch._dynamo.reset()
+    assert drive(torch.compile(mul3, backend=backend)) == drive(mul3) == [("ok", 1), ("ok", 2), ("AttributeError", 3)]

@@ -27,6 +27,7 @@ compiles see the switch (``test_switching_while_another_thread_compiles_waits_fo
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 
@@ -125,7 +126,6 @@ class _TraceClock(S.WritingTensor):
     """Records when its dispatch runs on trace-time tensors, from which thread."""
 
     CTX = ("tag",)
-    intervals: list = []
 
     @classmethod
     def on_op(cls, func, first):
@@ -133,18 +133,27 @@ class _TraceClock(S.WritingTensor):
             if isinstance(first.elem, (FakeTensor, FunctionalTensor)):
                 start = time.perf_counter()
                 time.sleep(0.005)  # give the other thread a chance to run
-                cls.intervals.append((threading.get_ident(), start, time.perf_counter()))
+                _TRACE_SPANS.put((threading.get_ident(), start, time.perf_counter()))
             first.tag = first.tag + 1
+
+
+# The test's clock, not the program's state: a queue (a class-level or module-level list
+# mutated while tracing is global state, refused as global_state_write).
+_TRACE_SPANS: "queue.SimpleQueue" = queue.SimpleQueue()
 
 
 def test_tracing_is_serialized():
     """torch 2.13's compile_lock: no two threads are inside a trace at the same time."""
-    _TraceClock.intervals = []
+    while not _TRACE_SPANS.empty():
+        _TRACE_SPANS.get()
     _run_threads(
         _worker("ta", [(f"x * {k}", _TraceClock, False) for k in (2, 3, 4)], iterations=2, backend="aot_eager"),
         _worker("tb", [(f"x * {k} + 1", _TraceClock, False) for k in (5, 6, 7)], iterations=2, backend="aot_eager"),
     )
-    spans = sorted(_TraceClock.intervals, key=lambda s: s[1])
+    spans = []
+    while not _TRACE_SPANS.empty():
+        spans.append(_TRACE_SPANS.get())
+    spans.sort(key=lambda s: s[1])
     assert len({s[0] for s in spans}) == 2
     for (t1, _, end1), (t2, start2, _) in zip(spans, spans[1:]):
         assert t1 == t2 or start2 >= end1, "two threads were tracing at the same time"

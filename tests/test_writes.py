@@ -309,3 +309,51 @@ def test_dispatch_reads_a_global_tuple_of_classes(backend):
     finally:
         WRAPPED = (Marks,)
     assert xe.unwrapped == 2
+
+
+class CountsOnTheActivation(S.WritingTensor):
+    """A weight whose matmul keeps a count on the plain activation it multiplies."""
+
+    @classmethod
+    def before_op(cls, func, args, kwargs):
+        if func is torch.ops.aten.mm.default:
+            x = args[0]
+            x.seen_by = getattr(x, "seen_by", 0) + 1  # read, then written: guarded when absent
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_count_kept_on_a_plain_tensor(backend, fullgraph):
+    def make():
+        return [CountsOnTheActivation(torch.ones(3, 2)), torch.ones(4, 3)]
+
+    out = differential(_mm_input, make, backend=backend, fullgraph=fullgraph, calls=3)
+    assert out.compiled_inputs[1].seen_by == 3
+
+
+class SkipsKnownKinds(S.WritingTensor):
+    @classmethod
+    def on_op(cls, func, first):
+        if func is torch.ops.aten.mul.Tensor:
+            first.hits = getattr(first, "hits", 0) + (0 if any(isinstance(first.elem, k) for k in KNOWN) else 1)
+
+
+KNOWN: frozenset = frozenset({torch.Tensor})
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_dispatch_reads_a_global_frozenset_of_classes(backend, dynamic):
+    global KNOWN
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x * 2, backend=backend, fullgraph=True, dynamic=dynamic)
+    xe, xc = SkipsKnownKinds(torch.ones(3)), SkipsKnownKinds(torch.ones(3))
+    try:
+        for known in [frozenset({torch.Tensor}), frozenset(), frozenset({torch.Tensor})]:
+            KNOWN = known
+            xe * 2
+            compiled(xc)
+            assert xc.hits == xe.hits
+    finally:
+        KNOWN = frozenset({torch.Tensor})
+    assert xe.hits == 1
