@@ -91,6 +91,7 @@ class FrameState:
         self.symbols: set[Any] = set()
         self.symbolic_ctx: dict[int, dict[str, Any]] = {}
         self.watch = free_state.ModuleWatch()  # module globals dispatch must leave alone
+        self.stored: set[tuple[int, str]] = set()  # (object, attribute) written by residual bytecode
         self.scope.on_access = self.collector.on_access
         self._node: torch.fx.Node | None = None  # the op being propagated
         self._by_fake: dict[int, Any] = {}
@@ -419,10 +420,12 @@ class FrameState:
             ref: Ref | None = t.data
             if ref is None:
                 continue  # an object made by the trace, not reachable from the graph
-            if t.real is None and _is_sibling_alias(t, w):
-                # ``y.cache = y.elem`` on a tensor the graph computes: the graph's outputs are
-                # built with that aliasing (the AOTAutograd layer restores it on rebuilt
-                # outputs); a residual write would put a separately rebuilt copy there.
+            if t.real is None and _is_sibling_alias(t, w) and (id(t.obj), w.name) not in self.stored:
+                # ``y.cache = y.elem`` on a tensor the graph computes, not written before in
+                # this frame: the graph's outputs are built with that aliasing (the AOTAutograd
+                # layer restores it on rebuilt outputs); a residual write would put a
+                # separately rebuilt copy there. After an earlier write of the name it must
+                # be replayed (it undoes that one).
                 continue
             kind = classify(w.value)
             marker = w.value if kind is ValueKind.CONSTANT else GRAPH_VALUE
@@ -443,6 +446,7 @@ class FrameState:
             where = ref.source.name if ref.source is not None else f"<intermediate {t.cls_name}>"
             log.debug("write recorded: %s.%s <- %s", where, w.name, type(w.value).__name__)
             tx.output.side_effects.store_attr(vt, w.name, value_vt)
+            self.stored.add((id(t.obj), w.name))
             if t.real is not None:
                 self.record.recorded.setdefault(id(t.real), {})[w.name] = marker
 

@@ -249,6 +249,18 @@ FOUND = [
         "),break_top=False,reads_globals=False)",
         "eager",
     ),
+    # An intermediate's cache toggled away from its elem and back within one frame: the
+    # write back to the alias was skipped as one the rebuilt outputs restore, which left the
+    # first write's value.
+    (
+        "Spec(writes=(Write(op='add',kind='constant',attr='a',in_ctx=False,grows_flatten=False,),),ctor=(),un"
+        "flatten=None,getattr_kind=None,getattr_reads=(),ext_reads=(),inner=None,inner_writes=(),alias='toggl"
+        "e',alias_op='add',alias_use=False)",
+        "Program(n_inputs=1,steps=(('add', 0, 0), ('add', 1, 0), ('add', 1, 0)),break_after=None,requires_gra"
+        "d=False,calls=2,dynamic=None,batch='same',changes=(),ext_changes=(),break_top=False,reads_globals=Fa"
+        "lse)",
+        "eager",
+    ),
 ]
 
 
