@@ -490,7 +490,7 @@ def _graph_value(
 def _track_tree(scope: Scope, obj: Any, real: Any, where: _Where) -> None:
     t = scope.track(obj, real, where)
     capture.restore_aliases(t)
-    for name in t.flatten_names:
+    for name in capture._flatten_names(real):  # in flatten order: elem before a cache aliasing it
         inner, inner_real = getattr(obj, name, None), getattr(real, name, None)
         if not isinstance(inner, torch.Tensor) or not isinstance(inner_real, torch.Tensor):
             continue
@@ -542,8 +542,10 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                     _track_tree(scope, a, real, _Where(i, ()))
                 else:
                     scope.track(a, None, _Where(i, ()))
-            elif isinstance(a, torch.Tensor) and planner is not None:
-                # dispatch of a subclass may write on a plain tensor it is given (``x.seen_by``)
+            elif isinstance(a, torch.Tensor) and planner is not None and (planner.record is None or not config.dynamo_layer):
+                # dispatch of a subclass may write on a plain tensor it is given (``x.seen_by``);
+                # under Dynamo the Dynamo layer records those (tracking every parameter here
+                # would cost every pass)
                 real = planner.real_of(i)
                 if isinstance(real, torch.Tensor) and not _is_subclass(real):
                     scope.track(a, real, _Where(i, ()), plain_inner=True)
@@ -566,6 +568,11 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
             writes = scope.settle()
             _refuse_inner_metadata_mutation(scope)
             net = scope.net_writes(writes)
+            if planner is not None:
+                for w in net:  # See the same guard in dynamo_layer.record_writes
+                    t = w.tracked
+                    if t.plain_inner and t.real is not None and w.name not in capture.obj_dict(t.real):
+                        planner._guard(t, w.name, MISSING)
             if planner is None:
                 _refuse_unplanned(net)
                 extras: list[Any] = []

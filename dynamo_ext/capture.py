@@ -479,7 +479,8 @@ class Scope:
                 full.add(type(t.obj))
             elif t.real is not None:
                 version.add(type(t.obj))
-                full.add(type(t.obj))  # user code may keep attributes on it: answer them
+                if user_state(obj_dict(t.real)):  # the user keeps attributes on it: answer them
+                    full.add(type(t.obj))
         return full, version
 
     def lookup(self, obj: Any) -> Tracked | None:

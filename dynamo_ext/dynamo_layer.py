@@ -173,6 +173,7 @@ class FrameState:
             real = vt.proxy.node.meta["grapharg"].example
             if isinstance(real, torch.Tensor):
                 self.scope.track(fake, real, Ref(vt, vt.source, vt.proxy.node), plain_inner=True)
+                self.record.sources[id(real)] = vt.source
             return
         vt = self.intermediate_vt(fake)
         if vt is not None:  # a tensor the graph computed: the caller may receive it
@@ -189,7 +190,7 @@ class FrameState:
         capture.restore_aliases(t)
         self.record.sources[id(real)] = ref.source
         self.watch.add(type(real).__module__)
-        for name in t.flatten_names:
+        for name in capture._flatten_names(real):  # in flatten order: elem before a cache aliasing it
             inner_fake, inner_real = getattr(fake, name, None), getattr(real, name, None)
             if not isinstance(inner_fake, torch.Tensor) or not isinstance(inner_real, torch.Tensor):
                 continue
@@ -386,6 +387,10 @@ class FrameState:
                 isinstance(value, (tuple, frozenset)) and all(isinstance(v, type) for v in value)
             ):
                 guards.guard(source, "ID_MATCH")  # a class, or a tuple or frozenset of them (isinstance checks)
+                for cls in [value] if isinstance(value, type) else value:
+                    # its class-level state is global state (``Cls.total += 1``): the op runs
+                    # again under the watch
+                    retry |= self.watch.add_class(cls)
             elif capture.is_registered(value) or (
                 hasattr(value, "__dict__") and free_state.is_user_class(type(value)) and type(value).__module__ != "builtins"
             ):
@@ -447,6 +452,13 @@ class FrameState:
             log.debug("write recorded: %s.%s <- %s", where, w.name, type(w.value).__name__)
             tx.output.side_effects.store_attr(vt, w.name, value_vt)
             self.stored.add((id(t.obj), w.name))
+            if t.plain_inner and t.real is not None and ref.source is not None and w.name not in capture.obj_dict(t.real):
+                # A plain tensor with no state of its own is traced without attribute hooks
+                # (they would slow every op's fake propagation): a read of the name before
+                # this write went unanswered, so the code is guarded on the name staying
+                # absent (``x.seen_by = getattr(x, "seen_by", 0) + 1`` recompiles once it is
+                # set, and is then traced with its reads answered).
+                guards.absent(ref.source, w.name)
             if t.real is not None:
                 self.record.recorded.setdefault(id(t.real), {})[w.name] = marker
 

@@ -269,12 +269,16 @@ class ModuleWatch:
         """A closure variable dispatch code reads (a ``nonlocal`` counter is global state too)."""
         self.cells.setdefault(id(cell), (name, cell))
 
-    def add_class(self, cls: type) -> None:
+    def add_class(self, cls: type) -> bool:
         """A class (and its user bases) whose own attributes are shared by every instance:
-        a class-level counter dispatch bumps (``cls.total += 1``) is global state."""
+        a class-level counter dispatch bumps (``cls.total += 1``) is global state. True if
+        it was not watched yet."""
+        new = False
         for klass in cls.__mro__:
             if klass not in self.classes and klass.__module__ != "builtins" and is_user_class(klass):
                 self.classes[klass] = None
+                new = True
+        return new
 
     def add(self, module_name: str | None) -> None:
         if not module_name or module_name in self.modules:
@@ -291,12 +295,7 @@ class ModuleWatch:
             name: (dict(ns), {k: _contents(v) for k, v in ns.items() if type(v) in _CONTAINERS})
             for name, ns in self.modules.items()
         }
-        classes = dict(self.classes)
-        for name, ns in self.modules.items():
-            for value in list(ns.values()):
-                if isinstance(value, type) and value.__module__ == name:
-                    classes.setdefault(value, None)
-        class_attrs = {cls: _class_state(cls) for cls in classes}
+        class_attrs = {cls: _class_state(cls) for cls in self.classes}
         class_containers = {
             cls: {k: _contents(v) for k, v in attrs.items() if type(v) in _CONTAINERS} for cls, attrs in class_attrs.items()
         }

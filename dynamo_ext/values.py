@@ -80,7 +80,7 @@ _TORCH_INTERNAL_PREFIXES = ("_dynamo_", "_has_dynamo")
 
 
 def is_torch_internal(name: str) -> bool:
-    return name in _TORCH_INTERNAL_NAMES or name.startswith(_TORCH_INTERNAL_PREFIXES)
+    return name[:1] == "_" and (name in _TORCH_INTERNAL_NAMES or name.startswith(_TORCH_INTERNAL_PREFIXES))
 
 
 def user_state(d: dict) -> dict:

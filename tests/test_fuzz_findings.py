@@ -261,6 +261,18 @@ FOUND = [
         "lse)",
         "eager",
     ),
+    # An inner subclass held as both elem and cache, tracked under the name ``cache``
+    # (an unordered set of names), then rebound by dispatch: the write on the inner was
+    # read back through x.cache, by then another object. Inner objects take the first name
+    # in flatten order.
+    (
+        "Spec(writes=(Write(op='add',kind='constant',attr='a',in_ctx=False,grows_flatten=False,),),ctor=(),un"
+        "flatten=None,getattr_kind=None,getattr_reads=(),ext_reads=(),inner=Inner(ctx_op=None, dict_op='sin',"
+        " dict_kind='cache'),inner_writes=(),alias='toggle',alias_op='sin',alias_use=False)",
+        "Program(n_inputs=1,steps=(('sin', 0, 0),),break_after=None,requires_grad=False,calls=2,dynamic=None,"
+        "batch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
+        "eager",
+    ),
 ]
 
 

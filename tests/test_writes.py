@@ -357,3 +357,13 @@ def test_dispatch_reads_a_global_frozenset_of_classes(backend, dynamic):
     finally:
         KNOWN = frozenset({torch.Tensor})
     assert xe.hits == 1
+
+
+def test_a_count_kept_on_a_plain_tensor_with_the_aot_layer_alone():
+    torch._dynamo.reset()
+    with dynamo_ext.config.patch(dynamo_layer=False):
+        compiled = torch.compile(_mm_input, backend="aot_eager", fullgraph=True)
+        w, x = CountsOnTheActivation(torch.ones(3, 2)), torch.ones(4, 3)
+        for _ in range(3):
+            compiled(w, x)
+    assert x.seen_by == 3
