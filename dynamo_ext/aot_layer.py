@@ -501,6 +501,16 @@ def _track_tree(scope: Scope, obj: Any, real: Any, where: _Where) -> None:
             scope.track(inner, inner_real, inner_where, plain_inner=True)
 
 
+def _watch_classes(objs: Any) -> free_state.ModuleWatch:
+    """A watch over the class attributes and module globals of these objects' classes, which
+    dispatch must leave alone (See free_state.ModuleWatch)."""
+    watch = free_state.ModuleWatch()
+    for obj in objs:
+        watch.add_class(type(obj))
+        watch.add(type(obj).__module__)
+    return watch
+
+
 def _track_tangent(scope: Scope, obj: Any, depth: int = 0) -> None:
     """Note [Writes on incoming gradients]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -549,10 +559,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                 real = planner.real_of(i)
                 if isinstance(real, torch.Tensor) and not _is_subclass(real):
                     scope.track(a, real, _Where(i, ()), plain_inner=True)
-        watch = free_state.ModuleWatch()  # class attributes and module globals dispatch must leave alone
-        for t in scope.tracked.values():
-            watch.add_class(type(t.obj))
-            watch.add(type(t.obj).__module__)
+        watch = _watch_classes(t.obj for t in scope.tracked.values())
         try:
             try:
                 with scope.active(), watch.watching() as changes:
@@ -838,11 +845,7 @@ def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         def joint_with_backward(*a: Any, **kw: Any) -> Any:
             planner.in_joint = True
             planner.tangents = [t for t in pytree.tree_leaves(a[1:]) if _is_subclass(t)] if len(a) > 1 else []
-            watch = free_state.ModuleWatch()  # the backward may bump a class-level counter too
-            for leaf in pytree.tree_leaves(a):
-                if _is_subclass(leaf):
-                    watch.add_class(type(leaf))
-                    watch.add(type(leaf).__module__)
+            watch = _watch_classes(leaf for leaf in pytree.tree_leaves(a) if _is_subclass(leaf))  # the backward too
             try:
                 with watch.watching() as changes:
                     out = joint(*a, **kw)

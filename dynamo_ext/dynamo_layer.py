@@ -737,33 +737,25 @@ def _constant_vt(tx: Any, value: Any) -> Any:
 # --------------------------------------------------------------------------- #
 
 
-def _subclass_arg_nodes(node: torch.fx.Node) -> list[torch.fx.Node]:
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
-    found: list[torch.fx.Node] = []
-
-    def visit(arg: torch.fx.Node) -> torch.fx.Node:
-        if arg not in found and is_traceable_wrapper_subclass(arg.meta.get("example_value")):
-            found.append(arg)
-        return arg
-
-    torch.fx.node.map_arg((node.args, node.kwargs), visit)
-    return found
-
-
-def _plain_arg_nodes(node: torch.fx.Node) -> list[torch.fx.Node]:
+def _tensor_arg_nodes(node: torch.fx.Node, subclass: bool) -> list[torch.fx.Node]:
+    """The argument nodes of ``node`` whose example value is a wrapper subclass (``subclass``)
+    or a plain tensor (not ``subclass``), each once, in argument order."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     found: list[torch.fx.Node] = []
 
     def visit(arg: torch.fx.Node) -> torch.fx.Node:
         value = arg.meta.get("example_value")
-        if arg not in found and isinstance(value, torch.Tensor) and not is_traceable_wrapper_subclass(value):
+        if arg not in found and isinstance(value, torch.Tensor) and is_traceable_wrapper_subclass(value) == subclass:
             found.append(arg)
         return arg
 
     torch.fx.node.map_arg((node.args, node.kwargs), visit)
     return found
+
+
+def _subclass_arg_nodes(node: torch.fx.Node) -> list[torch.fx.Node]:
+    return _tensor_arg_nodes(node, subclass=True)
 
 
 def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -780,7 +772,7 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         tracked = [t for t in (state.track_arg(a) for a in args) if t is not None]
         if not tracked:
             return original(node, tx, allow_non_graph_fake)
-        for arg in _plain_arg_nodes(node):
+        for arg in _tensor_arg_nodes(node, subclass=False):
             state.track_plain_arg(arg)
         return _propagate(state, node, tx, original, allow_non_graph_fake, tracked)
 
