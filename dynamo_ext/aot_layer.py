@@ -105,6 +105,9 @@ class Planner:
         self.in_joint = False  # inside AOTAutograd's joint forward+backward function
         self.tangents: list[Any] = []  # the joint's incoming gradients that are subclasses
         self.tape = counters.Tape()  # what the traced backward decided from counted values
+        # symbolic values the traced backward made text of (See Note [Symbolic text in the
+        # traced backward] in capture.py)
+        self.deferred_guards: list[Any] = []
         # AOTAutogradCache (aot_cache.py): called with the frozen plan; returns what the
         # compiled function must keep alive (a save still to come), or None.
         self.on_frozen: Callable[[WritePlan], Any] | None = None
@@ -237,6 +240,13 @@ class Planner:
 
     # -- after the passes ---------------------------------------------------
 
+    def guard_deferred(self) -> None:
+        """Guard the symbolic values the traced backward answered by their hint (See Note
+        [Symbolic text in the traced backward] in capture.py)."""
+        values, self.deferred_guards[:] = list(self.deferred_guards), []
+        for value in values:
+            capture.guard_now(value)
+
     def keep_tracking(self, scope: Scope) -> None:
         """A finished pass's instances, as restored: what is written on them later is
         written by the backward, which AOTAutograd traces right after the forward
@@ -246,6 +256,7 @@ class Planner:
         self.close_late()
         late = Scope(answer=self.answer_backward, label="backward")
         late.check_inner = False
+        late.deferred_guards = self.deferred_guards
         for t in scope.tracked.values():
             if isinstance(t.data, _Where):
                 late.track(t.obj, t.real, t.data, plain_inner=t.plain_inner)
@@ -695,7 +706,9 @@ def make_prepare_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         args = list(args)
         result = original(mod, args, *rest, **kwargs)
         functional_call, params_buffers_flat = result[0], result[1]
-        if not config.aot_layer or not any(_is_subclass(a) for a in [*params_buffers_flat, *args]):
+        if not config.aot_layer or not (
+            any(_is_subclass(a) for a in [*params_buffers_flat, *args]) or _returns_user_subclass(mod)
+        ):
             return result
         epilogue = _caller_is("aot_module_simplified")
         planner = Planner(list(params_buffers_flat) + args, handoff.received(), epilogue)
@@ -703,6 +716,24 @@ def make_prepare_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         return (tracing_pass(functional_call, planner, flat_outputs=True), *result[1:])
 
     return prepare_aot_module_simplified
+
+
+def _returns_user_subclass(mod: Any) -> bool:
+    """Whether the graph Dynamo hands over returns a user's subclass it builds itself (no
+    subclass input): AOTAutograd rebuilds it from the ctx it traced, which may hold a
+    SymInt of the trace (See Note [Symbolic ints in a flatten ctx] in dynamo_layer.py);
+    the planner sets such attributes after each call (``Planner.plan_outputs``)."""
+    graph = getattr(mod, "graph", None)
+    if graph is None:
+        return False
+    for node in reversed(graph.nodes):
+        if node.op == "output":
+            for arg in pytree.tree_leaves(node.args):
+                value = getattr(arg, "meta", {}).get("example_value")
+                if _is_subclass(value) and free_state.is_user_class(type(value)):
+                    return True
+            return False
+    return False
 
 
 def make_tree_flattened_fn_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -739,6 +770,7 @@ def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         set_pending(None)
         try:
             compiled, meta = original(*args, **kwargs)
+            planner.guard_deferred()
             planner.plan_backward()
         finally:
             planner.pass_state = []

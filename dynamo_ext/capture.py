@@ -456,6 +456,10 @@ class Scope:
         #: Called with the frame of traced code that touched a tracked object (the Dynamo
         #: layer finds the user code dispatch runs this way: free_state.Collector).
         self.on_access: Callable[[Any, type], None] | None = None
+        #: Symbolic values user code turned into text here, answered by their hint and guarded
+        #: once the trace is over (See Note [Symbolic text in the traced backward]); None:
+        #: guarded at once.
+        self.deferred_guards: list[Any] | None = None
 
     # -- tracking -----------------------------------------------------------
 
@@ -758,6 +762,28 @@ _SYMBOLIC_CLASSES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 def _concrete(value: Any) -> Any:
     """The value a symbolic int/float/bool has in this trace, guarded: the compiled program
     is specialized on it (Dynamo recompiles when it changes), as for ``int(s)``."""
+    deferred = getattr(getattr(_local, "scope", None), "deferred_guards", None)
+    if deferred is not None:
+        hint = value.node.hint
+        if hint is not None:
+            deferred.append(value)
+            return hint
+    return guard_now(value)
+
+
+# Note [Symbolic text in the traced backward]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Text dispatch makes from a size (``f"{rows}x{cols}"``) is the size's value, guarded. In the
+# forward passes the guard specializes the size at once. In the backward, which AOTAutograd
+# traces inside the joint function after its forward metadata was collected with the size
+# symbolic, specializing it there changes the joint's forward outputs (a subclass output's
+# symbolic sizes become constants) and the partitioner fails. There the text gets the
+# size's hint, and the guard is added once AOTAutograd has compiled
+# (``aot_layer.Planner.guard_deferred``): the graph keeps the symbol, the compiled frame
+# runs only for that value, as for a guard made in the forward.
+
+
+def guard_now(value: Any) -> Any:
     from torch.fx.experimental import symbolic_shapes
 
     if isinstance(value, torch.SymInt):

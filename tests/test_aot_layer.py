@@ -315,3 +315,33 @@ def test_a_tensor_written_on_an_input_in_the_backward_is_refused():
         compiled(x, w).sum().backward()
     assert "write_in_backward" in str(info.value)
     assert "cache" not in vars(x) and "seen" not in vars(x) and x.grad is None
+
+
+class DescribesInBackward(S.WritingTensor):
+    """Text made from its sizes (``"3x4"``) by an op only the backward runs: sin's gradient
+    calls cos on the saved input."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is torch.ops.aten.cos.default:
+            first.desc = f"{first.shape[0]}x{first.shape[1]}"
+
+
+def test_text_the_backward_makes_from_a_symbolic_size_is_its_value_guarded():
+    """Under dynamic shapes the size is symbolic when the backward is traced: the text holds
+    its value, and the compiled frame is guarded on it (without the guard a later size would
+    get the first text). Specializing the size inside the traced backward made AOTAutograd's
+    partitioner fail ("... was invalid, but is output")."""
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(lambda x, w: x.sin() * w, backend=counter, dynamic=True, fullgraph=True)
+    for rows in (2, 3, 4, 3):
+        e = [DescribesInBackward(torch.arange(rows * 4.0).reshape(rows, 4), requires_grad=True) for _ in range(2)]
+        c = [DescribesInBackward(torch.arange(rows * 4.0).reshape(rows, 4), requires_grad=True) for _ in range(2)]
+        (e[0].sin() * e[1]).sum().backward()
+        compiled(*c).sum().backward()
+        assert c[0].desc == e[0].desc == f"{rows}x4"
+        for a, b in zip(e, c):
+            assert_same_state(a, b, f"rows={rows}")
+            torch.testing.assert_close(b.grad.elem, a.grad.elem)
+    assert counter.frame_count == 3  # one per size: the text's guard

@@ -228,3 +228,34 @@ def test_float8_linear_200_training_steps_two_compiles():
 @pytest.mark.inductor
 def test_float8_linear_20_training_steps_two_compiles_inductor():
     assert _train("inductor", 20).frame_count <= 2
+
+
+class _Holder:
+    def __init__(self) -> None:
+        self.step = 0
+
+
+def _build(x, holder):
+    """User code (no subclass input) builds a subclass from a count it keeps elsewhere."""
+    out = StepInCtx(x * 2, holder.step)
+    holder.step = holder.step + 1
+    return out
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_subclass_user_code_builds_from_a_symbolic_count_holds_its_value(backend):
+    """Once automatic dynamic makes ``holder.step`` a symbolic input, the output's ctx is built
+    from it. AOTAutograd rebuilds that output from the ctx it traced (stock leaves the trace's
+    SymInt there); the graph has no subclass input, yet its output gets the run-time value."""
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend(backend)
+    compiled = torch.compile(_build, backend=counter, fullgraph=True)
+    he, hc = _Holder(), _Holder()
+    for call in range(5):
+        x = torch.arange(4.0) + call
+        e, c = _build(x, he), compiled(x.clone(), hc)
+        assert type(c.step) is int, f"call {call}: {type(c.step).__name__} in the output's ctx"
+        assert_same_outputs(e, c)
+        assert_same_state(e, c, f"call {call}: output")
+        assert hc.step == he.step == call + 1
+    assert counter.frame_count == 2

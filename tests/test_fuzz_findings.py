@@ -273,6 +273,33 @@ FOUND = [
         "batch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
         "eager",
     ),
+    # a graph break in the op loop: Dynamo compiles the inner subclass's dispatch as a frame whose
+    # graph builds its output from a symbolic ctx int and has no subclass input
+    (
+        "Spec(writes=(Write(op='add',kind='constant',attr='a',in_ctx=True,grows_flatten=False,), Write(op='ad"
+        "d',kind='sym_desc',attr='a',in_ctx=True,grows_flatten=False,)),ctor=(),unflatten=None,getattr_kind='"
+        "ctx_tuple',getattr_reads=(GetattrRead(op='add', name='scale', use='attr'),),ext_reads=(ExtRead(op='a"
+        "dd', source='global_const', use='attr'),),inner=Inner(ctx_op='add', dict_op=None, dict_kind='counter"
+        "'),inner_writes=(InnerWrite(op='add', kind='counter', attr='ops'),InnerWrite(op='add', kind='counter"
+        "', attr='ops')),alias='static',alias_op='add',alias_use=False)",
+        "Program(n_inputs=1,steps=(('add', 0, 0),),break_after=0,requires_grad=False,calls=2,dynamic=None,bat"
+        "ch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
+        "aot_eager",
+    ),
+    # text made from a symbolic size in the traced backward (sym_desc on the gradient's add):
+    # specializing the size there changed the joint's forward outputs and AOTAutograd's
+    # partitioner failed; the text takes the size's hint, guarded after the compile
+    (
+        "Spec(writes=(Write(op='add',kind='constant',attr='a',in_ctx=True,grows_flatten=False,), Write(op='ad"
+        "d',kind='sym_desc',attr='a',in_ctx=True,grows_flatten=False,)),ctor=(),unflatten=None,getattr_kind='"
+        "ctx_tuple',getattr_reads=(GetattrRead(op='add', name='scale', use='attr'),),ext_reads=(ExtRead(op='a"
+        "dd', source='global_const', use='attr'),),inner=None,inner_writes=(),alias='static',alias_op='mul',a"
+        "lias_use=True)",
+        "Program(n_inputs=2,steps=(('mul', 1, 0), ('sin', 5, 4), ('sin', 1, 2)),break_after=None,requires_gra"
+        "d=True,calls=3,dynamic=True,batch='same',changes=(Change(call=1,input=0,what='elem_add',attr='scale'"
+        ",value='zero_f',),),ext_changes=(),break_top=False,reads_globals=False)",
+        "aot_eager",
+    ),
 ]
 
 
@@ -284,40 +311,3 @@ def test_a_case_the_fuzzer_found(spec, program, backend):
     torch._dynamo.reset()
     with torch._dynamo.config.patch(suppress_errors=False):
         F.run_case(eval(spec, namespace), eval(program, namespace), backend)
-
-
-# ------------------------------------------------------------------ cases still open
-
-# Divergences the long profile found that are not fixed yet: each fails today (strict xfail),
-# so fixing one shows here first.
-OPEN = [
-    pytest.param(
-            "Spec(writes=(Write(op='add',kind='constant',attr='a',in_ctx=True,grows_flatten=False,), Write(op='ad"
-            "d',kind='sym_desc',attr='a',in_ctx=True,grows_flatten=False,)),ctor=(),unflatten=None,getattr_kind='"
-            "ctx_tuple',getattr_reads=(GetattrRead(op='add', name='scale', use='attr'),),ext_reads=(ExtRead(op='a"
-            "dd', source='global_const', use='attr'),),inner=Inner(ctx_op='add', dict_op=None, dict_kind='counter"
-            "'),inner_writes=(InnerWrite(op='add', kind='counter', attr='ops'),InnerWrite(op='add', kind='counter"
-            "', attr='ops')),alias='static',alias_op='add',alias_use=False)",
-            "Program(n_inputs=1,steps=(('add', 0, 0),),break_after=0,requires_grad=False,calls=2,dynamic=None,bat"
-            "ch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
-        "aot_eager",
-        marks=pytest.mark.xfail(strict=True, reason="a SymInt is left in a nested output's ctx when the graph breaks inside dispatch's op loop"),
-    ),
-    pytest.param(
-            "Spec(writes=(Write(op='add',kind='constant',attr='a',in_ctx=True,grows_flatten=False,), Write(op='ad"
-            "d',kind='sym_desc',attr='a',in_ctx=True,grows_flatten=False,)),ctor=(),unflatten=None,getattr_kind='"
-            "ctx_tuple',getattr_reads=(GetattrRead(op='add', name='scale', use='attr'),),ext_reads=(ExtRead(op='a"
-            "dd', source='global_const', use='attr'),),inner=None,inner_writes=(),alias='static',alias_op='mul',a"
-            "lias_use=True)",
-            "Program(n_inputs=2,steps=(('mul', 1, 0), ('sin', 5, 4), ('sin', 1, 2)),break_after=None,requires_gra"
-            "d=True,calls=3,dynamic=True,batch='same',changes=(Change(call=1,input=0,what='elem_add',attr='scale'"
-            ",value='zero_f',),),ext_changes=(),break_top=False,reads_globals=False)",
-        "aot_eager",
-        marks=pytest.mark.xfail(strict=True, reason="AOTAutograd's partitioner: 'Node ... was invalid, but is output' (requires_grad, dynamic, an alias used in the op)"),
-    ),
-]
-
-
-@pytest.mark.parametrize("spec,program,backend", OPEN)
-def test_a_case_the_fuzzer_found_that_is_still_open(spec, program, backend):
-    test_a_case_the_fuzzer_found(spec, program, backend)
