@@ -563,12 +563,16 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                     _track_tree(scope, a, real, _Where(i, ()))
                 else:
                     scope.track(a, None, _Where(i, ()))
-            elif isinstance(a, torch.Tensor) and planner is not None and (planner.record is None or not config.dynamo_layer):
-                # dispatch of a subclass may write on a plain tensor it is given (``x.seen_by``);
-                # under Dynamo the Dynamo layer records those (tracking every parameter here
-                # would cost every pass)
+            elif isinstance(a, torch.Tensor) and planner is not None:
+                # dispatch of a subclass may write on a plain tensor it is given (``x.seen_by``)
+                # or read what the user keeps on it (``x.scale``); under Dynamo the Dynamo
+                # layer records the writes, and only a tensor with attributes of its own has
+                # reads to answer here (tracking every parameter would cost every pass)
                 real = planner.real_of(i)
-                if isinstance(real, torch.Tensor) and not _is_subclass(real):
+                if (
+                    isinstance(real, torch.Tensor) and not _is_subclass(real)
+                    and (planner.record is None or not config.dynamo_layer or capture.user_state(capture.obj_dict(real)))
+                ):
                     scope.track(a, real, _Where(i, ()), plain_inner=True)
         watch = _watch_classes(t.obj for t in scope.tracked.values())
         try:

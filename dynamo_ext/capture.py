@@ -842,4 +842,21 @@ def _make_version_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]
             return descriptor.__get__(obj, type(obj))
         return scope.answer(scope, t, "_version")
 
-    return {"_version": property(get_version)}
+    own_getattr = class_attribute(cls, "__getattr__")
+
+    def __getattr__(obj: Any, name: str) -> Any:
+        # Only a name the trace tensor lacks gets here: a user read of it on a tensor standing
+        # for a real one (``getattr(x, "scale", 1.0)``) is answered from the real tensor, and
+        # the code guarded on it (absent: on it staying absent).
+        scope, t = _tracked_here(obj)
+        if t is not None and t.real is not None and scope.answer is not None and name[:2] != "__":
+            return scope.read(t, name, _missing if own_getattr is MISSING else own_getattr)
+        if own_getattr is not MISSING:
+            return own_getattr(obj, name)
+        return _missing(obj, name)
+
+    return {"_version": property(get_version), "__getattr__": __getattr__}
+
+
+def _missing(obj: Any, name: str) -> Any:
+    raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")

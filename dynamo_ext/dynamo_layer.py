@@ -98,6 +98,9 @@ class FrameState:
         self._inputs_seen: set[Any] = set()
         self._by_fake_new: dict[int, Any] = {}
         self._tracked_seen: set[Any] = set()
+        # objects reached from a graph input through attributes that dispatch wrote on:
+        # (their variable, the names) (See Note [Writes on an object its holder rebinds])
+        self.nested_writes: dict[int, tuple[Any, set[str]]] = {}
 
     @staticmethod
     def _new_items(d: dict, seen: set) -> list:
@@ -136,6 +139,45 @@ class FrameState:
 
     def close(self) -> None:
         self.scope.restore()
+
+    def write_nested_on_entry_objects(self) -> None:
+        """Note [Writes on an object its holder rebinds]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        Dispatch may write on an object it reaches through an attribute (``x.a.hits``) and then
+        rebind the attribute (``x.a = new``): in eager the write stays on the object ``x.a``
+        was. The residual bytecode would load ``x.a`` again after the graph, when it may be
+        the new object (under backend="eager" the graph runs dispatch, which rebinds it). The
+        object is loaded before the graph runs, and those writes are replayed on it."""
+        from torch._dynamo.codegen import PyCodegen
+        from torch._dynamo.source import LocalSource
+        from torch._dynamo.variables.base import AttributeMutationExisting
+
+        output = self.tx.output
+        mutations = output.side_effects.store_attr_mutations
+        for vt, names in self.nested_writes.values():
+            pending = mutations.get(vt, {})
+            moved = [name for name in pending if name in names]
+            if not moved:
+                continue
+            local = output.new_var("dynamo_ext_entry")
+            cg = PyCodegen(output.root_tx)
+            cg(vt.source)
+            cg.store(local)
+            output.pregraph_bytecode.extend(cg.get_instructions())
+            entry = _FromSource(source=LocalSource(local), mutation_type=AttributeMutationExisting())
+            # replayed are the variables in this table (keyed by their object's id; the
+            # entry object has the variable of its holder's attribute there already)
+            output.side_effects.id_to_variable[id(entry)] = entry
+            output.side_effects.keepalive.append(entry)
+            try:
+                entry.value_type = vt.python_type()
+            except NotImplementedError:
+                pass
+            for name in moved:
+                output.side_effects.store_attr(entry, name, pending.pop(name))
+            if not pending:
+                del mutations[vt]
+        self.nested_writes.clear()
 
     # -- tracking -----------------------------------------------------------
 
@@ -451,6 +493,8 @@ class FrameState:
             where = ref.source.name if ref.source is not None else f"<intermediate {t.cls_name}>"
             log.debug("write recorded: %s.%s <- %s", where, w.name, type(w.value).__name__)
             tx.output.side_effects.store_attr(vt, w.name, value_vt)
+            if ref.path and ref.source is not None:
+                self.nested_writes.setdefault(id(vt), (vt, set()))[1].add(w.name)
             self.stored.add((id(t.obj), w.name))
             if t.plain_inner and t.real is not None and ref.source is not None and w.name not in capture.obj_dict(t.real):
                 # A plain tensor with no state of its own is traced without attribute hooks
@@ -561,11 +605,18 @@ def _from_source_class() -> type:
     class FromSource(VariableTracker):
         """A value the residual bytecode loads from its source (nothing else uses it)."""
 
+        value_type: type | None = None  # for Dynamo's logs
+
+        def python_type(self) -> type:
+            if self.value_type is None:
+                return super().python_type()
+            return self.value_type
+
     return FromSource
 
 
-def _FromSource(source: Any) -> Any:  # noqa: N802 - builds a variable
-    return _from_source_class()(source=source)
+def _FromSource(source: Any, **kwargs: Any) -> Any:  # noqa: N802 - builds a variable
+    return _from_source_class()(source=source, **kwargs)
 
 
 def _move_before(anchor: torch.fx.Node, value: torch.fx.Node) -> None:
@@ -908,6 +959,7 @@ def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., An
         if state is None:
             return original(self, *args, **kwargs)
         state.close()
+        state.write_nested_on_entry_objects()
         fullgraph = bool(getattr(self.root_tx, "one_graph", False) or getattr(self.root_tx, "error_on_graph_break", False))
         state.record.fullgraph = fullgraph
         try:

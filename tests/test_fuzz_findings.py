@@ -300,6 +300,18 @@ FOUND = [
         ",value='zero_f',),),ext_changes=(),break_top=False,reads_globals=False)",
         "aot_eager",
     ),
+    # a counter on the inner tensor x.a (dispatch's _bump of x.a), then x.a rebound: the residual
+    # write went to the new x.a (under backend="eager" the graph's dispatch rebinds it first)
+    (
+        "Spec(writes=(Write(op='add',kind='constant',attr='a',in_ctx=False,grows_flatten=False), Write(op='ad"
+        "d',kind='constant',attr='a',in_ctx=False,grows_flatten=True), Write(op='mul',kind='update',attr='a',"
+        "in_ctx=False,grows_flatten=False)),ctor=(),unflatten=None,getattr_kind=None,getattr_reads=(),ext_rea"
+        "ds=(),inner=Inner(ctx_op=None, dict_op='mul', dict_kind='counter'),inner_writes=(),alias=None,alias_"
+        "op='mul',alias_use=False)",
+        "Program(n_inputs=1,steps=(('mul', 0, 0),),break_after=None,requires_grad=False,calls=2,dynamic=None,"
+        "batch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
+        "eager",
+    ),
 ]
 
 

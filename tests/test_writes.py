@@ -10,7 +10,7 @@ import torch
 
 import dynamo_ext
 import subclasses as S
-from harness import differential, stock_torch
+from harness import assert_same_state, differential, stock_torch
 
 
 def one(cls, **attrs):
@@ -367,3 +367,68 @@ def test_a_count_kept_on_a_plain_tensor_with_the_aot_layer_alone():
         for _ in range(3):
             compiled(w, x)
     assert x.seen_by == 3
+
+
+class ScalesByItsOperand(S.WritingTensor):
+    """Dispatch only reads a scale the user may keep on the plain tensor it multiplies by
+    (``getattr(other, "scale", 1.0)``): it never writes it."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        other = args[1] if len(args) > 1 else None
+        if func is torch.ops.aten.mul.Tensor and isinstance(other, torch.Tensor) and not isinstance(other, cls):
+            return cls(out.elem * getattr(other, "scale", 1.0))
+        return out
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_scale_only_read_on_a_plain_tensor_the_user_sets_later(backend, fullgraph):
+    """The name is absent at the first compile (guarded on staying absent), then set, then
+    changed: each value is read from the real tensor (stock aot_eager keeps the first trace's
+    default, the first compile used to as well)."""
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
+    compiled = torch.compile(lambda x, p: x * p, backend=counter, fullgraph=fullgraph)
+    x, p = ScalesByItsOperand(torch.ones(3)), torch.full((3,), 2.0)
+    for scale in (None, None, 5.0, 7.0, 7.0):
+        if scale is not None:
+            p.scale = scale
+        expected = 2.0 * (scale or 1.0)
+        assert compiled(x, p).elem.tolist() == [expected] * 3, f"scale {scale}"
+    assert counter.frame_count == 3
+
+
+class Requantizes(S.WritingTensor):
+    """Dispatch marks the inner tensor it used, then replaces it by a new one (a weight
+    requantized after use): the mark stays on the old inner tensor."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is torch.ops.aten.mul.Tensor:
+            first.elem.used = getattr(first.elem, "used", 0) + 1
+            first.elem = first.elem * 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("inner", ["plain", "subclass"])
+def test_a_write_on_an_inner_tensor_dispatch_then_replaces(backend, inner):
+    """The residual write goes to the inner tensor the input held when the call started, not
+    to the one it holds afterwards (under backend="eager" the graph itself runs dispatch)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x * 2, backend=backend, fullgraph=True)
+
+    def make():
+        elem = torch.arange(3.0)
+        return Requantizes(S.CallCounter(elem) if inner == "subclass" else elem)
+
+    xe, xc = make(), make()
+    for call in range(3):
+        old_e, old_c = xe.elem, xc.elem
+        xe * 2
+        compiled(xc)
+        assert old_c.used == old_e.used == 1, f"call {call}"
+        assert "used" not in vars(xc.elem) and "used" not in vars(xe.elem), f"call {call}"
+        assert_same_state(xe, xc, f"call {call}")
+        assert_same_state(old_e, old_c, f"call {call}: the replaced inner tensor")
