@@ -292,7 +292,8 @@ class ModuleWatch:
     def watching(self) -> Iterator[list[GlobalChange]]:
         """Yield a list that, after the block, holds what the block changed (and undid)."""
         before = {
-            name: (dict(ns), {k: _contents(v) for k, v in ns.items() if type(v) in _CONTAINERS})
+            # (a module's ``__builtins__`` is a dict too: not the program's state)
+            name: (dict(ns), {k: _contents(v) for k, v in ns.items() if type(v) in _CONTAINERS and k[:2] != "__"})
             for name, ns in self.modules.items()
         }
         class_attrs = {cls: _class_state(cls) for cls in self.classes}
@@ -330,7 +331,11 @@ class ModuleWatch:
                             type.__delattr__(cls, key)
             for module_name, (bindings, containers) in before.items():
                 ns = self.modules[module_name]
-                for key in set(ns) | set(bindings):
+                if len(ns) == len(bindings) and all(ns.get(k, _ABSENT) is v for k, v in bindings.items()):
+                    keys: Any = ()  # nothing rebound, added or removed
+                else:
+                    keys = set(ns) | set(bindings)
+                for key in keys:
                     if key.startswith("__"):
                         continue
                     if ns.get(key, _ABSENT) is not bindings.get(key, _ABSENT):

@@ -85,9 +85,10 @@ def is_torch_internal(name: str) -> bool:
 
 def user_state(d: dict) -> dict:
     """``d`` (an instance ``__dict__``) without torch's own entries."""
-    if not any(is_torch_internal(k) for k in d):
-        return d
-    return {k: v for k, v in d.items() if not is_torch_internal(k)}
+    for k in d:  # a loop, not any(...): this runs for every tracked object at every op
+        if k[:1] == "_" and (k in _TORCH_INTERNAL_NAMES or k.startswith(_TORCH_INTERNAL_PREFIXES)):
+            return {k: v for k, v in d.items() if not is_torch_internal(k)}
+    return d
 
 
 def same_value(old: Any, new: Any) -> bool:
