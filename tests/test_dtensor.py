@@ -277,3 +277,58 @@ def test_partial_embedding_reduced_in_another_compiled_region_inductor(mesh):
 @pytest.mark.inductor
 def test_graph_break_between_embedding_and_reduction_inductor(mesh):
     test_graph_break_between_embedding_and_reduction(mesh, _emb_then_break, "inductor", True)
+
+
+# ------------------------------------------------------------------ sequence length changing between calls
+
+
+def _two_pending(ids1, ids2, w1, w2):
+    """Two vocab-parallel lookups whose partial results are both pending (each with its own
+    mask) before either is reduced."""
+    e1, e2 = embedding(ids1, w1), embedding(ids2, w2)
+    return e1.full_tensor() + e2.full_tensor() * 2
+
+
+def _two_returned(ids1, ids2, w1, w2):
+    """Both partial results leave the compiled region unreduced: the caller reduces them."""
+    return embedding(ids1, w1), embedding(ids2, w2)
+
+
+def _sequence_length_run(mesh, fn, backend, requires_grad, fullgraph=True):
+    counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
+    compiled = torch.compile(fn, backend=counter, fullgraph=fullgraph)
+    for length in (4, 6, 9, 6):  # automatic dynamic shapes after the first change
+        g = torch.Generator().manual_seed(length)
+        w1, w2 = torch.randn(16, 8, generator=g), torch.randn(12, 8, generator=g)
+        ids1, ids2 = torch.randint(0, 16, (2, length), generator=g), torch.randint(0, 12, (2, length), generator=g)
+        results = []
+        for f in (fn, compiled):
+            ws = [distribute_tensor(w.clone().requires_grad_(requires_grad), mesh, [Shard(0)]) for w in (w1, w2)]
+            out = f(*(distribute_tensor(i, mesh, [Replicate()]) for i in (ids1, ids2)), *ws)
+            if isinstance(out, tuple):
+                for e in out:
+                    assert not leaked_fakes(e.placements[0].mask_buffer), f"length {length}: a trace's mask"
+                out = out[0].full_tensor() + out[1].full_tensor() * 2
+            if requires_grad:
+                out.sum().backward()
+            results.append((out.detach(), [w.grad.full_tensor() if requires_grad else None for w in ws]))
+        (e_out, e_grads), (c_out, c_grads) = results
+        torch.testing.assert_close(c_out, e_out, rtol=0, atol=0, msg=lambda m: f"length {length}: {m}")
+        for e, c in zip(e_grads, c_grads):
+            if e is not None:
+                torch.testing.assert_close(c, e, rtol=0, atol=0, msg=lambda m: f"length {length}: grad {m}")
+    return counter
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fn", [_two_pending, _two_returned], ids=["reduced_inside", "returned"])
+def test_sequence_length_changing_between_calls_with_two_partials_pending(mesh, fn, backend, requires_grad):
+    """The motivating case: vocab-parallel lookups whose sequence length changes every call
+    (the second compile is dynamic), two partial results pending at once."""
+    assert _sequence_length_run(mesh, fn, backend, requires_grad).frame_count == 2
+
+
+@pytest.mark.inductor
+def test_sequence_length_changing_between_calls_with_two_partials_pending_inductor(mesh):
+    assert _sequence_length_run(mesh, _two_pending, "inductor", True).frame_count == 2
