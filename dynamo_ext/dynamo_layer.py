@@ -930,16 +930,20 @@ class _Checkpoint:
         self.n_events = len(scope.events)
         self.n_tracked = len(scope.tracked)
         self.saved = [
-            (t, dict(capture.obj_dict(t.obj)), dict(t.expected), set(t.settled), set(t.absent), set(t.written), dict(t.containers))
+            (
+                t, dict(capture.obj_dict(t.obj)), dict(t.expected), set(t.settled), set(t.absent), set(t.written),
+                dict(t.containers), t.dict_complete,
+            )
             for t in scope.tracked.values()
         ]
 
     def rollback(self) -> None:
         scope = self.scope
-        for t, d, expected, settled, absent, written, containers in self.saved:
+        for t, d, expected, settled, absent, written, containers, dict_complete in self.saved:
             capture.obj_dict(t.obj).clear()
             capture.obj_dict(t.obj).update(d)
             t.expected, t.settled, t.absent, t.written, t.containers = expected, settled, absent, written, containers
+            t.dict_complete = dict_complete  # the answers put in the dict are gone with it
         # Objects first tracked during the attempt go back to how they were found.
         for t in list(scope.tracked.values())[self.n_tracked :]:
             if t.real is t.obj or t.real is None:

@@ -432,3 +432,42 @@ def test_a_write_on_an_inner_tensor_dispatch_then_replaces(backend, inner):
         assert "used" not in vars(xc.elem) and "used" not in vars(xe.elem), f"call {call}"
         assert_same_state(xe, xc, f"call {call}")
         assert_same_state(old_e, old_c, f"call {call}: the replaced inner tensor")
+
+
+class ReadsItsDict(S.WritingTensor):
+    """Dispatch reads a knob the user may set through ``__dict__`` and records what it saw;
+    every instance also holds a tensor dispatch never touches (answering the ``__dict__``
+    read makes it a graph input, and the op is traced again)."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        mult = 1.0
+        for a in args:
+            if isinstance(a, cls):
+                knob = a.__dict__.get("knob")
+                mult *= 1.0 if knob is None else float(knob)
+                a.knob_seen = knob
+                a.scale = a.__dict__.get("scale", 1.0) * 2 + 0.5
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        return type(out)(out.elem * mult)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_dict_reads_of_two_inputs_traced_again_after_a_tensor_is_seeded(backend, fullgraph):
+    """The second trace of the op read the instance dicts as the first trace's answers had
+    left them undone: the knob read back None and a float counter its first value, silently
+    replayed on the eager backend (inconsistent_passes on AOT backends)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, b: a * b, backend=backend, fullgraph=fullgraph)
+
+    def make():
+        return [ReadsItsDict(torch.ones(2), buf=torch.zeros(())) for _ in range(2)]
+
+    e, c = make(), make()
+    for knob in (3, 5, 7, 7):
+        e[0].knob = c[0].knob = knob
+        torch.testing.assert_close(compiled(*c).elem, (e[0] * e[1]).elem)
+        for a, b in zip(e, c):
+            assert_same_state(a, b, f"knob {knob}")
+        assert c[0].knob_seen == knob and c[1].knob_seen is None
