@@ -108,6 +108,8 @@ class Planner:
         # symbolic values the traced backward made text of (See Note [Symbolic text in the
         # traced backward] in capture.py)
         self.deferred_guards: list[Any] = []
+        # ints the traced backward read (counted values): key -> (real holder, value)
+        self.backward_reads: dict[tuple, tuple[Any, int]] = {}
         # AOTAutogradCache (aot_cache.py): called with the frozen plan; returns what the
         # compiled function must keep alive (a save still to come), or None.
         self.on_frozen: Callable[[WritePlan], Any] | None = None
@@ -294,14 +296,19 @@ class Planner:
             t.settled.add(name)
             return held
         value = capture.obj_dict(t.obj).get(name, MISSING)
-        if value is MISSING:
-            value, origin = capture.eager_lookup(t.real, name)
-            if origin == "absent":
+        if not isinstance(value, torch.Tensor):
+            # eager's backward reads the real object (the traced instance may hold a default
+            # its constructor set, where the real one was counted on)
+            real_value, origin = capture.eager_lookup(t.real, name)
+            if origin == "absent" and value is MISSING:
                 self._guard(t, name, MISSING)
                 t.set_answer(name, MISSING)
                 raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
+            if origin != "absent" and not isinstance(real_value, torch.Tensor):
+                value = real_value
         if type(value) is int:
             key = (t.data.index, t.data.path, name)
+            self.backward_reads[key] = (t.real, value)
             value = counters.CountedInt(value, ("read", key), self.tape)
             capture.obj_dict(t.obj)[name] = value
             t.expected[name] = value
@@ -346,6 +353,62 @@ class Planner:
                     raise SubclassWriteError(kind, t.cls_name, w.name, type(w.value).__name__, why)
         self.backward = list(late.values())
         self._late = []
+        if self.backward:
+            self._guard_backward_decisions(forward | {k for k in self.backward_reads if k[2] in recorded.get(id(self.backward_reads[k][0]), ())})
+
+    def _guard_backward_decisions(self, forward_written: set[tuple]) -> None:
+        """Note [Decisions of the traced backward]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        The backward is traced once; what it decided from the ints it read (a branch on a
+        counter, a counter turned into a float or text) holds for those values only. The
+        forward is guarded on each decision (a counter the backward compares recompiles when
+        the comparison would go the other way), so a compiled backward never runs where it
+        would decide otherwise. A constant the backward writes may hold such an int where no
+        hook sees it (``"step %d" % n``, ``("step", n)``): then every int it read is guarded
+        on its value. An int the forward writes is read by the backward after that write,
+        while the trace read it before: refused. What user code changes between the forward
+        and the backward is still checked when the backward runs (``plan.Replay``)."""
+        keys: list[tuple] = []
+        exact = any(
+            counters.holds_counted(w.value) or counters.holds_text(w.value)
+            for w in self.backward
+            if w.value_from is ValueFrom.CONSTANT
+        )
+        if exact:
+            keys = list(self.backward_reads)
+        decisions = [] if exact else list(self.tape.decisions)
+        for d in decisions:
+            reads = counters.reads_in(d.expr)
+            if len(set(reads)) != 1:
+                keys.extend(reads)
+                continue
+            (index, path, name), = set(reads)
+            holder = self.backward_reads.get((index, path, name), (None, None))[0]
+            source = self.source_of(holder) if holder is not None else None
+            if (index, path, name) in forward_written:
+                self._refuse_backward_read(name)
+            if source is not None:
+                expr, value = d.expr, d.value
+                guards.lambda_(
+                    source,
+                    lambda obj, expr=expr, value=value, name=name: counters.evaluate(expr, lambda key: getattr(obj, name)) == value,
+                    f"holds {name} where the traced backward decided {expr} == {value!r}",
+                )
+        from torch._dynamo.source import AttrSource
+
+        for key in dict.fromkeys(keys):
+            holder, value = self.backward_reads.get(key, (None, None))
+            if key in forward_written:
+                self._refuse_backward_read(key[2])
+            source = self.source_of(holder) if holder is not None else None
+            if source is not None:
+                guards.constant(AttrSource(source, key[2]), value)
+
+    def _refuse_backward_read(self, name: str) -> None:
+        raise SubclassWriteError(
+            RefusalKind.WRITE_IN_BACKWARD, "traced backward", name, "int",
+            "the backward decides from an int the forward writes (the trace read it before that write)",
+        )
 
     def freeze(self) -> WritePlan:
         return WritePlan(

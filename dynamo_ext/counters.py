@@ -82,21 +82,21 @@ class CountedInt(int):
     def _combine(self, op: str, other: Any, reverse: bool = False) -> Any:
         if type(other) not in (int, CountedInt) or type(other) is bool:
             return self._pin()._plain_op(op, other, reverse)
-        a, b = (other, int(self)) if reverse else (int(self), int(other))
+        a, b = (other, int.__int__(self)) if reverse else (int.__int__(self), int.__int__(other))
         ea, eb = (_expr(other), self.expr) if reverse else (self.expr, _expr(other))
         return CountedInt(_BINARY[op](a, b), (op, ea, eb), self.tape)
 
     def _plain_op(self, op: str, other: Any, reverse: bool) -> Any:
-        a, b = (other, int(self)) if reverse else (int(self), other)
+        a, b = (other, int.__int__(self)) if reverse else (int.__int__(self), other)
         return _BINARY[op](a, b)
 
     def _pin(self) -> "CountedInt":
         """The value is used as a plain int from here on: the backward depends on it."""
-        self.tape.decisions.append(Decision(self.expr, int(self)))
+        self.tape.decisions.append(Decision(self.expr, int.__int__(self)))
         return self
 
     def _compare(self, op: str, other: Any) -> bool:
-        result = _COMPARE[op](int(self), int(other) if isinstance(other, CountedInt) else other)
+        result = _COMPARE[op](int.__int__(self), int.__int__(other) if isinstance(other, CountedInt) else other)
         self.tape.decisions.append(Decision((op, self.expr, _expr(other)), result))
         return result
 
@@ -116,7 +116,7 @@ class CountedInt(int):
     def __xor__(self, o: Any) -> Any: return self._combine("xor", o)  # noqa: E704
     def __lshift__(self, o: Any) -> Any: return self._combine("lshift", o)  # noqa: E704
     def __rshift__(self, o: Any) -> Any: return self._combine("rshift", o)  # noqa: E704
-    def __neg__(self) -> Any: return CountedInt(-int(self), ("sub", ("const", 0), self.expr), self.tape)  # noqa: E704
+    def __neg__(self) -> Any: return CountedInt(-int.__int__(self), ("sub", ("const", 0), self.expr), self.tape)  # noqa: E704
     def __pos__(self) -> Any: return self  # noqa: E704
     def __eq__(self, o: Any) -> bool: return self._compare("eq", o)  # type: ignore[override]  # noqa: E704
     def __ne__(self, o: Any) -> bool: return self._compare("ne", o)  # type: ignore[override]  # noqa: E704
@@ -125,16 +125,16 @@ class CountedInt(int):
     def __gt__(self, o: Any) -> bool: return self._compare("gt", o)  # noqa: E704
     def __ge__(self, o: Any) -> bool: return self._compare("ge", o)  # noqa: E704
     def __bool__(self) -> bool: return self._compare("ne", 0)  # noqa: E704
-    def __hash__(self) -> int: return hash(int(self._pin()))  # noqa: E704
-    def __index__(self) -> int: return int(self._pin())  # noqa: E704
-    def __int__(self) -> int: return int.__int__(self)  # noqa: E704
-    def __float__(self) -> float: return float(int(self._pin()))  # noqa: E704
-    def __str__(self) -> str: return str(int(self._pin()))  # noqa: E704
-    def __repr__(self) -> str: return repr(int(self))  # noqa: E704
-    def __format__(self, spec: str) -> str: return format(int(self._pin()), spec)  # noqa: E704
+    def __hash__(self) -> int: return hash(int.__int__(self._pin()))  # noqa: E704
+    def __index__(self) -> int: return int.__int__(self._pin())  # noqa: E704
+    def __int__(self) -> int: return int.__int__(self._pin())  # noqa: E704
+    def __float__(self) -> float: return float(int.__int__(self._pin()))  # noqa: E704
+    def __str__(self) -> str: return str(int.__int__(self._pin()))  # noqa: E704
+    def __repr__(self) -> str: return repr(int.__int__(self))  # noqa: E704
+    def __format__(self, spec: str) -> str: return format(int.__int__(self._pin()), spec)  # noqa: E704
 
     def __reduce__(self) -> Any:  # never stored: the plan keeps the expression
-        return (int, (int(self),))
+        return (int, (int.__int__(self),))
 
 
 def evaluate(expr: Expr, read: Callable[[Any], Any]) -> Any:
@@ -154,3 +154,26 @@ def reads_in(expr: Expr) -> list[Any]:
     if expr[0] == "const":
         return []
     return reads_in(expr[1]) + reads_in(expr[2])
+
+
+def holds_counted(value: Any, depth: int = 0) -> bool:
+    """A counted value inside a container written as a constant (``("step", n)``)."""
+    if isinstance(value, CountedInt):
+        return True
+    if depth < 4 and isinstance(value, (tuple, list, frozenset, set)):
+        return any(holds_counted(v, depth + 1) for v in value)
+    if depth < 4 and isinstance(value, dict):
+        return any(holds_counted(v, depth + 1) for v in value.values())
+    return False
+
+
+def holds_text(value: Any, depth: int = 0) -> bool:
+    """Text in a constant written by the backward (``"%d" % n`` formats a counted int as a
+    plain int, unseen)."""
+    if isinstance(value, (str, bytes)):
+        return True
+    if depth < 4 and isinstance(value, (tuple, list, frozenset, set)):
+        return any(holds_text(v, depth + 1) for v in value)
+    if depth < 4 and isinstance(value, dict):
+        return any(holds_text(k, depth + 1) or holds_text(v, depth + 1) for k, v in value.items())
+    return False

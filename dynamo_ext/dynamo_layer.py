@@ -101,6 +101,8 @@ class FrameState:
         # objects reached from a graph input through attributes that dispatch wrote on:
         # (their variable, the names) (See Note [Writes on an object its holder rebinds])
         self.nested_writes: dict[int, tuple[Any, set[str]]] = {}
+        # ints read from the ctx of a class with its own __metadata_guard__: (source, value)
+        self.custom_ctx_reads: list[tuple[Any, int]] = []
 
     @staticmethod
     def _new_items(d: dict, seen: set) -> list:
@@ -351,14 +353,30 @@ class FrameState:
         # of globals are configuration and always specializes them, while this int is
         # state on a tensor (a parameter's step counter) that changes every call.
         # specialize_int, automatic_dynamic_shapes and the dynamic-source lists still apply.
-        vt = LazyVariableTracker.realize_all(VariableBuilder(self.tx, source).wrap_symint(value))
+        in_ctx = not t.shared and _in_flatten_ctx(t.real, name)
+        if in_ctx and "__metadata_guard__" in _class_dicts(type(t.real)):
+            # The class guards its ctx itself (Dynamo calls its __metadata_guard__ with the
+            # traced and the new ctx): the int is its business, as in stock torch.compile,
+            # unless dispatch writes in this frame (a written value may come from it: then it
+            # is guarded by value, at the end of the trace).
+            self.custom_ctx_reads.append((source, value))
+            return value
+        if in_ctx:
+            # An int in the flatten ctx is specialized on the first compile, as Dynamo keeps a
+            # subclass's ctx, also under dynamic=True; it becomes symbolic once it changes
+            # (automatic dynamic: a counter compiles twice). See Note [Symbolic ints in a
+            # flatten ctx].
+            with torch._dynamo.config.patch(assume_static_by_default=True):
+                vt = LazyVariableTracker.realize_all(VariableBuilder(self.tx, source).wrap_symint(value))
+        else:
+            vt = LazyVariableTracker.realize_all(VariableBuilder(self.tx, source).wrap_symint(value))
         if isinstance(vt, ConstantVariable):
             return value
         if isinstance(vt, SymNodeVariable):
             self._insert_seed(ref, name, vt.as_proxy().node)
             symbol = vt.sym_num
             self.symbols |= symbol.node.expr.free_symbols
-            if not t.shared and _in_flatten_ctx(t.real, name):
+            if in_ctx:
                 # See Note [Symbolic ints in a flatten ctx]
                 self.symbolic_ctx.setdefault(id(t.real), {})[name] = symbol
             return symbol
@@ -687,6 +705,11 @@ def _holds(value: Any, probe: Any, depth: int = 0) -> bool:
     return False
 
 
+def _class_dicts(cls: type) -> set[str]:
+    """The names the classes of ``cls``'s MRO define, torch.Tensor and object excluded."""
+    return {n for klass in cls.__mro__ if klass not in (torch.Tensor, object) for n in vars(klass)}
+
+
 def _in_flatten_ctx(real: Any, name: str) -> bool:
     """Whether ``real.__tensor_flatten__()`` carries attribute ``name`` in its ctx: flatten
     once with the attribute set to a probe object and look for the probe."""
@@ -964,6 +987,9 @@ def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., An
             return original(self, *args, **kwargs)
         state.close()
         state.write_nested_on_entry_objects()
+        if state.record.recorded:
+            for source, value in state.custom_ctx_reads:
+                guards.constant(source, value)
         fullgraph = bool(getattr(self.root_tx, "one_graph", False) or getattr(self.root_tx, "error_on_graph_break", False))
         state.record.fullgraph = fullgraph
         try:

@@ -83,8 +83,20 @@ def _by_value(source: Any, value: Any) -> None:
     (ID_MATCH, which every manager takes) and the value by a root guard on that object.
     """
     from torch._dynamo.guards import get_verbose_code_parts, install_guard
+    from torch._dynamo.source import AttrSource
 
     expected = copy.deepcopy(value)
+    if isinstance(source, AttrSource):
+        # An attribute: read again from its holder, by value (another object holding an
+        # equal value passes: NestedTensor's metadata cache is a new dict per tensor).
+        name = source.member
+
+        def check(holder: Any) -> bool:
+            now = getattr(holder, name, _ABSENT)
+            return type(now) is type(expected) and now == expected
+
+        lambda_(source.base, check, f".{name} == {expected!r}")
+        return
     guard(source, "ID_MATCH")
 
     def create(builder: Any, g: Any) -> None:
@@ -94,6 +106,9 @@ def _by_value(source: Any, value: Any) -> None:
         )
 
     install_guard(source.make_guard(create))
+
+
+_ABSENT = object()
 
 
 def _holds_unguardable(value: Any) -> bool:

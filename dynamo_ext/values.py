@@ -75,7 +75,7 @@ _TORCH_INTERNAL_NAMES = frozenset(
     name + suffix
     for name in ("_sizes_capsule", "_strides_capsule", "_sym_sizes_capsule", "_sym_strides_capsule")
     for suffix in ("", "_len")
-) | frozenset(("_backward_hooks", "_post_accumulate_grad_hooks"))
+) | frozenset(("_backward_hooks", "_post_accumulate_grad_hooks", "_specialize_on"))  # the last: mark_dynamic's
 _TORCH_INTERNAL_PREFIXES = ("_dynamo_", "_has_dynamo")
 
 
