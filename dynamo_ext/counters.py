@@ -177,3 +177,4 @@ def holds_text(value: Any, depth: int = 0) -> bool:
     if depth < 4 and isinstance(value, dict):
         return any(holds_text(k, depth + 1) or holds_text(v, depth + 1) for k, v in value.items())
     return False
+

@@ -345,3 +345,54 @@ def test_text_the_backward_makes_from_a_symbolic_size_is_its_value_guarded():
             assert_same_state(a, b, f"rows={rows}")
             torch.testing.assert_close(b.grad.elem, a.grad.elem)
     assert counter.frame_count == 3  # one per size: the text's guard
+
+
+class TagsInBackward(S.WritingTensor):
+    """A counter bumped by an op only the backward runs (sin's gradient calls cos on the saved
+    input), and a value made from it (``KIND``)."""
+
+    KIND = "percent"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        self.bwd = 0  # the traced instance gets it too: the real one's count must be read
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is not torch.ops.aten.cos.default:
+            return
+        first.bwd = first.bwd + 1
+        n = first.bwd
+        first.tag = {
+            "percent": lambda: "cos@%d" % n,  # formats the int without calling it
+            "fstring": lambda: f"cos@{n}",
+            "tuple": lambda: ("cos", n),
+            "float": lambda: n * 0.5,
+            "branch": lambda: n > 2,
+            "int": lambda: int(n),
+        }[cls.KIND]()
+
+
+@pytest.mark.parametrize("kind", ["percent", "fstring", "tuple", "float", "branch", "int"])
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_value_the_backward_makes_from_its_counter(kind, fullgraph):
+    """What the traced backward decided from the count holds for that count only: the
+    forward is guarded on it (recompiling where it would decide otherwise), never replayed
+    stale nor refused when the backward runs."""
+    cls = type(f"Tags_{kind}", (TagsInBackward,), {"KIND": kind})
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+
+    def fn(x, w):
+        return (x.sin() * w).sum()
+
+    compiled = torch.compile(fn, backend=counter, fullgraph=fullgraph)
+    w = torch.arange(4.0)
+    xe, xc = cls(torch.arange(4.0), requires_grad=True), cls(torch.arange(4.0), requires_grad=True)
+    for call in range(4):
+        fn(xe, w).backward()
+        compiled(xc, w).backward()
+        assert (xc.bwd, xc.tag) == (xe.bwd, xe.tag) == (call + 1, xe.tag), f"call {call}"
+        torch.testing.assert_close(xc.grad.elem, xe.grad.elem)
+        xe.grad = xc.grad = None
+    assert counter.frame_count == (2 if kind == "branch" else 4)
