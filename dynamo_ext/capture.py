@@ -526,6 +526,12 @@ class Scope:
             return get(t.obj, name)
         if t.real is None or self.answer is None or name in t.settled or name[:2] == "__":
             return get(t.obj, name)
+        d = obj_dict(t.obj)
+        if name in d and not t.plain_inner and t.expected.get(name, MISSING) is not d[name]:
+            # written through the dict by the traced code (``__dict__.setdefault("n", 0)``):
+            # its own value, a write of this trace
+            self.settle()
+            return get(t.obj, name)
         if name == "_version" and t.plain_inner:
             # what the version hooks answer when user code reads it (See _make_version_hooks)
             return self.answer(self, t, name) if _called_from_user(3) else get(t.obj, name)

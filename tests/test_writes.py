@@ -471,3 +471,36 @@ def test_dict_reads_of_two_inputs_traced_again_after_a_tensor_is_seeded(backend,
         for a, b in zip(e, c):
             assert_same_state(a, b, f"knob {knob}")
         assert c[0].knob_seen == knob and c[1].knob_seen is None
+
+
+class CountsThroughItsDict(S.WritingTensor):
+    """Dispatch starts its count through the instance dict (``setdefault``) before the first
+    attribute read: the trace must read back what it put there."""
+
+    KIND = "int"
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is torch.ops.aten.sin.default:
+            if cls.KIND == "int":
+                first.__dict__.setdefault("n", 0)
+                first.n = first.n + 1
+            else:
+                first.__dict__.setdefault("ops", ())
+                first.ops = first.ops + ("sin",)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fullgraph", [True, False])
+@pytest.mark.parametrize("kind", ["int", "tuple"])
+def test_a_count_started_through_the_instance_dict(backend, fullgraph, kind):
+    """The read after ``__dict__.setdefault`` was answered "absent" from the real object (it
+    raised: a dispatch_raised refusal, a crash of Dynamo's error message under fullgraph=False)."""
+    cls = type(f"CountsThroughItsDict_{kind}", (CountsThroughItsDict,), {"KIND": kind})
+
+    def make():
+        return [cls(torch.arange(3.0))]
+
+    out = differential(lambda x: x.sin(), make, backend=backend, fullgraph=fullgraph, calls=3)
+    held = vars(out.compiled_inputs[0])
+    assert held.get("n", held.get("ops")) in (3, ("sin",) * 3)
