@@ -45,6 +45,7 @@ from .values import (
     GRAPH_VALUE,
     MISSING,
     PLAIN_MUTABLE,
+    SYMBOLIC_TYPES,
     ValueKind,
     classify,
     contains_symbolic,
@@ -605,6 +606,22 @@ class FrameState:
             "call_function", handoff.read_attr, (ref.node.meta.get("_dynamo_ext_proxy") or _proxy_of(self.tx, ref), ref.path, w.name), {}
         )
         handoff.cacheable(proxy.node)
+        if type(value) is tuple and not all(isinstance(v, SYMBOLIC_TYPES) for v in value):
+            # ``("rows", n)``: the graph returns the symbolic items, the residual bytecode
+            # builds the tuple (Dynamo takes no tuple holding a str as a graph value)
+            import operator
+
+            from torch._dynamo.variables import ConstantVariable, TupleVariable
+
+            proxy.node.meta["example_value"] = value
+            items = []
+            for i, v in enumerate(value):
+                if isinstance(v, SYMBOLIC_TYPES):
+                    item = self.tx.output.create_proxy("call_function", operator.getitem, (proxy, i), {})
+                    items.append(wrap_fx_proxy(self.tx, item, example_value=v))
+                else:
+                    items.append(ConstantVariable.create(v))
+            return TupleVariable(items)
         return wrap_fx_proxy(self.tx, proxy)
 
 

@@ -259,3 +259,23 @@ def test_a_subclass_user_code_builds_from_a_symbolic_count_holds_its_value(backe
         assert_same_state(e, c, f"call {call}: output")
         assert hc.step == he.step == call + 1
     assert counter.frame_count == 2
+
+
+class TaggedStep(StepTensor):
+    """The step also kept in a tuple with a name: ``("mul", step)``."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        first = next(a for a in args if isinstance(a, cls))
+        if func is aten.mul.Tensor:
+            first.last = ("mul", first.step)
+        return out
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_counter_kept_in_a_tuple_with_a_name(backend):
+    """Once the step is symbolic the tuple holds a SymInt: the graph returns it, the residual
+    bytecode builds the tuple (it raised Dynamo's "torch.* op returned non-Tensor")."""
+    counter = _run(TaggedStep, backend, 6)
+    assert counter.frame_count == 2
