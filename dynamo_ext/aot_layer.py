@@ -110,6 +110,7 @@ class Planner:
         self.deferred_guards: list[Any] = []
         # ints the traced backward read (counted values): key -> (real holder, value)
         self.backward_reads: dict[tuple, tuple[Any, int]] = {}
+        self.joint_graph: Any = None  # the traced forward+backward, for its scalars
         # AOTAutogradCache (aot_cache.py): called with the frozen plan; returns what the
         # compiled function must keep alive (a save still to come), or None.
         self.on_frozen: Callable[[WritePlan], Any] | None = None
@@ -363,17 +364,20 @@ class Planner:
         counter, a counter turned into a float or text) holds for those values only. The
         forward is guarded on each decision (a counter the backward compares recompiles when
         the comparison would go the other way), so a compiled backward never runs where it
-        would decide otherwise. A constant the backward writes may hold such an int where no
-        hook sees it (``"step %d" % n``, ``("step", n)``): then every int it read is guarded
-        on its value. An int the forward writes is read by the backward after that write,
-        while the trace read it before: refused. What user code changes between the forward
-        and the backward is still checked when the backward runs (``plan.Replay``)."""
+        would decide otherwise. Such an int may also go where no hook sees it: into text the
+        backward writes (``"step %d" % n`` formats an int subclass without calling it), into a
+        container it writes (``("step", n)``), or into a tensor op as a scalar (``grad * n``:
+        torch reads the int as such; the traced graph then holds a constant equal to a counted
+        value). Then every int the backward read is guarded on its value. An int the forward
+        writes is read by the backward after that write, while the trace read it before:
+        refused. What user code changes between the forward and the backward is still checked
+        when the backward runs (``plan.Replay``)."""
         keys: list[tuple] = []
         exact = any(
             counters.holds_counted(w.value) or counters.holds_text(w.value)
             for w in self.backward
             if w.value_from is ValueFrom.CONSTANT
-        )
+        ) or bool(self.tape.values & counters.graph_scalars(self.joint_graph))
         if exact:
             keys = list(self.backward_reads)
         decisions = [] if exact else list(self.tape.decisions)
@@ -836,9 +840,12 @@ def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         set_pending(None)
         try:
+            capture_ = args[1] if len(args) > 1 else kwargs.get("aot_graph_capture")
+            planner.joint_graph = getattr(getattr(capture_, "graph_module", None), "graph", None)
             compiled, meta = original(*args, **kwargs)
             planner.guard_deferred()
             planner.plan_backward()
+            planner.joint_graph = None
         finally:
             planner.pass_state = []
             planner.close_late()

@@ -61,6 +61,7 @@ class Tape:
 
     def __init__(self) -> None:
         self.decisions: list[Decision] = []
+        self.values: set[int] = set()  # every counted value the backward held
 
 
 def _expr(value: Any) -> Expr:
@@ -77,6 +78,7 @@ class CountedInt(int):
         obj = super().__new__(cls, value)
         obj.expr = expr
         obj.tape = tape
+        tape.values.add(value)
         return obj
 
     def _combine(self, op: str, other: Any, reverse: bool = False) -> Any:
@@ -178,3 +180,22 @@ def holds_text(value: Any, depth: int = 0) -> bool:
         return any(holds_text(k, depth + 1) or holds_text(v, depth + 1) for k, v in value.items())
     return False
 
+
+
+def graph_scalars(graph: Any) -> set[Any]:
+    """The int scalars the ops of a traced graph take: a counted value torch read as a plain
+    int (``grad * n``) is baked there."""
+    found: set[Any] = set()
+
+    def visit(a: Any) -> None:
+        if type(a) is int:
+            found.add(a)
+        elif isinstance(a, (tuple, list)):
+            for b in a:
+                visit(b)
+
+    for node in getattr(graph, "nodes", ()):
+        if node.op == "call_function":
+            visit(node.args)
+            visit(tuple(node.kwargs.values()))
+    return found

@@ -396,3 +396,37 @@ def test_a_value_the_backward_makes_from_its_counter(kind, fullgraph):
         torch.testing.assert_close(xc.grad.elem, xe.grad.elem)
         xe.grad = xc.grad = None
     assert counter.frame_count == (2 if kind == "branch" else 4)
+
+
+class ScalesGradientByCount(S.WritingTensor):
+    """The backward's count is also a scalar of a tensor op in the backward (``out * n``):
+    torch reads it as a plain int, without a hook."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func is torch.ops.aten.cos.default:
+            first = args[0]
+            first.bwd = getattr(first, "bwd", 0) + 1
+            return cls(out.elem * first.bwd)
+        return out
+
+
+def test_a_backward_count_used_as_a_scalar_of_a_tensor_op():
+    """The traced backward bakes the count into its graph: the forward is guarded on it (a
+    compile per count), where the gradient used to keep the first count."""
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+
+    def fn(x, w):
+        return (x.sin() * w).sum()
+
+    compiled = torch.compile(fn, backend=counter, fullgraph=False)
+    w = torch.arange(4.0)
+    xe, xc = ScalesGradientByCount(torch.arange(4.0), requires_grad=True), ScalesGradientByCount(torch.arange(4.0), requires_grad=True)
+    for call in range(4):
+        fn(xe, w).backward()
+        compiled(xc, w).backward()
+        assert xc.bwd == xe.bwd == call + 1
+        torch.testing.assert_close(xc.grad.elem, xe.grad.elem, msg=lambda m: f"call {call}: {m}")
+        xe.grad = xc.grad = None
