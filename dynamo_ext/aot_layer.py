@@ -231,7 +231,11 @@ class Planner:
                 if name in inner or is_torch_internal(name):
                     continue
                 kind = classify(value)
-                if kind is ValueKind.CONSTANT:
+                if isinstance(value, torch.Tensor) and id(value) in first:
+                    # ``self.a = self.elem`` outside the flatten list: the same object
+                    # as the rebuilt inner tensor, not a copy of it.
+                    planned.append(PlannedWrite(-1, path, name, ValueFrom.SIBLING, first[id(value)], output_index=k))
+                elif kind is ValueKind.CONSTANT:
                     planned.append(PlannedWrite(-1, path, name, ValueFrom.CONSTANT, value, output_index=k))
                 elif kind in (ValueKind.SYMBOLIC, ValueKind.TENSOR):
                     value_from, where = _graph_value(args, value, {}, extras)

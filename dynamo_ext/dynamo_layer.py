@@ -487,10 +487,10 @@ class FrameState:
             if ref is None:
                 continue  # an object made by the trace, not reachable from the graph
             if t.real is None and _is_sibling_alias(t, w) and (id(t.obj), w.name) not in self.stored:
-                # ``y.cache = y.elem`` on a tensor the graph computes, not written before in
-                # this frame: the graph's outputs are built with that aliasing (the AOTAutograd
-                # layer restores it on rebuilt outputs); a residual write would put a
-                # separately rebuilt copy there. After an earlier write of the name it must
+                # ``y.cache = y.elem`` (or ``y.a = y.elem``, ``a`` not flattened) on a tensor the
+                # graph computes, not written before in this frame: the graph's outputs are
+                # built with that aliasing (the AOTAutograd layer restores it on rebuilt
+                # outputs); a residual write would put a separately rebuilt copy there. After an earlier write of the name it must
                 # be replayed (it undoes that one).
                 continue
             kind = classify(w.value)
@@ -626,8 +626,10 @@ class FrameState:
 
 
 def _is_sibling_alias(t: Tracked, w: Write) -> bool:
+    """``w`` puts one of ``t``'s flattened inner tensors under a second name (flattened or
+    not: ``self.a = self.elem``)."""
     names = capture._flatten_names(t.obj)
-    if w.name not in names or not isinstance(w.value, torch.Tensor):
+    if not isinstance(w.value, torch.Tensor):
         return False
     d = capture.obj_dict(t.obj)
     return any(d.get(other) is w.value for other in names if other != w.name)

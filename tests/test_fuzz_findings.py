@@ -312,6 +312,17 @@ FOUND = [
         "batch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
         "eager",
     ),
+    # ``t.a = t.elem`` (``a`` not flattened) on a returned intermediate whose inner tensor is a
+    # subclass: AOTAutograd returned the value as a second, separately rebuilt subclass, and
+    # ``t.a is t.elem`` no longer held
+    (
+        "Spec(writes=(Write(op='add',kind='alias',attr='a',in_ctx=False,grows_flatten=False),),ctor=(),unflat"
+        "ten=None,getattr_kind=None,getattr_reads=(),ext_reads=(),inner=Inner(ctx_op=None, dict_op=None, dict"
+        "_kind='counter'),inner_writes=(),alias=None,alias_op='mul',alias_use=False)",
+        "Program(n_inputs=1,steps=(('add', 0, 0), ('add', 1, 0)),break_after=None,requires_grad=False,calls=2"
+        ",dynamic=None,batch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
+        "aot_eager",
+    ),
 ]
 
 
