@@ -48,6 +48,8 @@ from . import capture, config, counters, free_state, guards, handoff
 from .capture import Scope, Tracked, Write
 from .errors import RefusalKind, SubclassWriteError
 from .plan import EntryRead, PlannedWrite, ReadKind, Replay, ValueFrom, WritePlan
+_NOT_WRITTEN: Any = object()  # Planner.answer_backward: a name the forward did not write
+
 from .values import (
     GRAPH_VALUE,
     HELD_TENSOR,
@@ -111,6 +113,11 @@ class Planner:
         # ints the traced backward read (counted values): key -> (real holder, value)
         self.backward_reads: dict[tuple, tuple[Any, int]] = {}
         self.joint_graph: Any = None  # the traced forward+backward, for its scalars
+        # what the latest pass wrote on its inputs' instances: (id(instance), name) -> value
+        self.forward_values: dict[tuple[int, str], Any] = {}
+        # names the traced backward read that the forward did not write, checked again when
+        # the compiled backward runs: (index, path, name) -> "value" | "identity"
+        self.backward_checks: dict[tuple, str] = {}
         # AOTAutogradCache (aot_cache.py): called with the frozen plan; returns what the
         # compiled function must keep alive (a save still to come), or None.
         self.on_frozen: Callable[[WritePlan], Any] | None = None
@@ -254,13 +261,15 @@ class Planner:
         for value in values:
             capture.guard_now(value)
 
-    def keep_tracking(self, scope: Scope) -> None:
+    def keep_tracking(self, scope: Scope, net: Sequence[Write] = ()) -> None:
         """A finished pass's instances, as restored: what is written on them later is
         written by the backward, which AOTAutograd traces right after the forward
         returned (the joint pass). The instances stay tracked, in a scope that is the
         active one until the next pass or the end of the compile, where int reads are
-        answered as counted values (See counters.py)."""
+        answered as counted values (See counters.py), and names the pass wrote as it left
+        them (``net``; See Note [The backward reads what the forward wrote])."""
         self.close_late()
+        self.forward_values = {(id(w.tracked.obj), w.name): w.value for w in net if isinstance(w.tracked.data, _Where)}
         late = Scope(answer=self.answer_backward, label="backward")
         late.check_inner = False
         late.deferred_guards = self.deferred_guards
@@ -269,6 +278,17 @@ class Planner:
                 late.track(t.obj, t.real, t.data, plain_inner=t.plain_inner)
         self._late.append(late)
         if self.in_joint:  # the backward is traced next, inside the joint function
+            # the names the forward wrote hold its values again (a name that is also a
+            # Tensor method, ``amax``, would otherwise read as the method); the scope's
+            # restore() puts back the entry state
+            for (key, name), value in self.forward_values.items():
+                t = late.tracked.get(key)
+                if t is None:
+                    continue
+                if value is MISSING:
+                    capture.obj_dict(t.obj).pop(name, None)
+                else:
+                    capture.obj_dict(t.obj)[name] = value
             # The incoming gradients (tangents) are the joint's own inputs: what dispatch
             # writes on them is unwound too (See Note [Writes on incoming gradients]).
             for obj in self.tangents:
@@ -296,6 +316,23 @@ class Planner:
         (computed again at each run-time backward); anything else is guarded in the forward."""
         if not isinstance(name, str) or t.plain_inner or not isinstance(t.data, _Where):
             return None
+        written = self.forward_values.get((id(t.obj), name), _NOT_WRITTEN)
+        if written is not _NOT_WRITTEN:
+            # Note [The backward reads what the forward wrote]
+            # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+            # Eager's backward runs after the forward's writes: ``grad / w.step`` divides by
+            # the count the forward left, ``grad / w.amax`` by the tensor it recorded. The
+            # pass restored its instances to the entry state before the backward is traced,
+            # so a name the forward wrote is answered with the value it wrote: a constant (the
+            # forward is guarded on what made it), a symbolic int or a tensor of the same
+            # joint trace (AOTAutograd saves it for the backward like any activation).
+            t.settled.add(name)
+            if written is MISSING:  # the forward deleted it
+                t.set_answer(name, MISSING)
+                raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
+            capture.obj_dict(t.obj)[name] = written
+            t.expected[name] = written
+            return written
         held = t.traced_counterpart(name)
         if held is not MISSING:
             t.settled.add(name)
@@ -311,14 +348,18 @@ class Planner:
                 raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
             if origin != "absent" and not isinstance(real_value, torch.Tensor):
                 value = real_value
+        key = (t.data.index, t.data.path, name)
         if type(value) is int:
-            key = (t.data.index, t.data.path, name)
             self.backward_reads[key] = (t.real, value)
             value = counters.CountedInt(value, ("read", key), self.tape)
             capture.obj_dict(t.obj)[name] = value
             t.expected[name] = value
-        elif not isinstance(value, torch.Tensor):
+        elif isinstance(value, torch.Tensor):
+            if name not in t.flatten_names:
+                self.backward_checks[key] = "identity"
+        else:
             self._guard(t, name, value)
+            self.backward_checks[key] = "value"
         t.settled.add(name)
         return value
 
@@ -358,7 +399,7 @@ class Planner:
                     raise SubclassWriteError(kind, t.cls_name, w.name, type(w.value).__name__, why)
         self.backward = list(late.values())
         self._late = []
-        if self.backward:
+        if self.backward or self.backward_reads or self.tape.decisions:
             self._guard_backward_decisions(forward | {k for k in self.backward_reads if k[2] in recorded.get(id(self.backward_reads[k][0]), ())})
 
     def _guard_backward_decisions(self, forward_written: set[tuple]) -> None:
@@ -384,6 +425,8 @@ class Planner:
         ) or bool(self.tape.values & counters.graph_scalars(self.joint_graph))
         if exact:
             keys = list(self.backward_reads)
+            for key in keys:  # baked into what the backward writes or computes
+                self.backward_checks[key] = "value"
         decisions = [] if exact else list(self.tape.decisions)
         for d in decisions:
             reads = counters.reads_in(d.expr)
@@ -422,8 +465,12 @@ class Planner:
         return WritePlan(
             writes=tuple(self.writes or ()) + tuple(self.output_writes or ()),
             n_extra=self.n_extra,
-            backward_writes=tuple(self.backward),
-            backward_decisions=tuple(self.tape.decisions) if self.backward else (),
+            backward_writes=tuple(
+                dataclasses.replace(w, value=counters.plain(w.value)) if w.value_from is ValueFrom.CONSTANT else w
+                for w in self.backward
+            ),
+            backward_decisions=tuple(self.tape.decisions),
+            backward_checks=tuple(self.backward_checks.items()),
             entry_reads=tuple(self.entry_reads.values()),
             guarded=self.record is not None,
         )
@@ -646,6 +693,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                 ):
                     scope.track(a, real, _Where(i, ()), plain_inner=True)
         watch = _watch_classes(t.obj for t in scope.tracked.values())
+        net: list[Write] = []
         try:
             try:
                 with scope.active(), watch.watching() as changes:
@@ -684,7 +732,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
         finally:
             scope.restore()
         if planner is not None:
-            planner.keep_tracking(scope)
+            planner.keep_tracking(scope, net)
         if flat_outputs:
             return type(out)([*out, *extras]) if extras else out
         return out, tuple(extras)

@@ -169,6 +169,20 @@ def holds_counted(value: Any, depth: int = 0) -> bool:
     return False
 
 
+def plain(value: Any, depth: int = 0) -> Any:
+    """``value`` with the counted ints in it (``("step", n)``) as plain ints: what the
+    backward wrote, as eager holds it."""
+    if isinstance(value, CountedInt):
+        return int.__int__(value)
+    if depth >= 4 or not holds_counted(value):
+        return value
+    if isinstance(value, (tuple, list, frozenset, set)) and type(value) in (tuple, list, frozenset, set):
+        return type(value)(plain(v, depth + 1) for v in value)
+    if type(value) is dict:
+        return {k: plain(v, depth + 1) for k, v in value.items()}
+    return value
+
+
 def holds_text(value: Any, depth: int = 0) -> bool:
     """Text in a constant written by the backward (``"%d" % n`` formats a counted int as a
     plain int, unseen)."""

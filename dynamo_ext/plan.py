@@ -25,7 +25,7 @@ import torch.utils._pytree as pytree
 
 from . import capture, counters
 from .errors import RefusalKind, SubclassWriteError
-from .values import HELD_TENSOR, MISSING, ValueKind, classify
+from .values import HELD_TENSOR, MISSING, ValueKind, classify, same_value
 
 
 class ValueFrom(enum.Enum):
@@ -122,13 +122,21 @@ class WritePlan:
     backward_writes: tuple[PlannedWrite, ...] = ()
     #: what the traced backward decided from counted values: each must hold again
     backward_decisions: tuple[counters.Decision, ...] = ()
+    #: names the traced backward read from the real object, each as it must still be when the
+    #: compiled backward runs: ((index, path, name), "value" | "identity")
+    backward_checks: tuple[tuple[tuple, str], ...] = ()
     entry_reads: tuple[EntryRead, ...] = ()
     #: Dynamo guards the inputs' state; called directly, the entry state is checked per call.
     guarded: bool = True
 
     @property
     def empty(self) -> bool:
-        return not self.writes and not self.backward_writes and not self.n_extra
+        return not self.writes and not self.backward_writes and not self.n_extra and not self.backward_armed
+
+    @property
+    def backward_armed(self) -> bool:
+        """Whether each call's compiled backward has something to check or write."""
+        return bool(self.backward_writes or self.backward_decisions or self.backward_checks)
 
     def why_not_cacheable(self) -> str | None:
         """Why another process could not reuse this plan (None: it can)."""
@@ -263,12 +271,15 @@ class Replay:
             setattr(target, name, value)
         out, extras = self.strip(out)
         self.apply(inputs, extras)
-        if self.plan.backward_writes:
+        if self.plan.backward_armed:
             self.arm_backward(inputs, out)
         return out
 
     def arm_backward(self, inputs: Sequence[Any], out: Any) -> None:
-        """Set the backward's writes each time the compiled backward of this call runs."""
+        """Check and set the backward's state each time the compiled backward of this call
+        runs: before it runs, what it was traced with must still hold (a knob the user set
+        between the forward and ``backward()`` raises there, before any gradient is
+        accumulated); after it ran, its writes are set."""
         node = _compiled_backward_node(out)
         if node is None:  # nothing requires grad: there will be no backward
             return
@@ -279,25 +290,43 @@ class Replay:
             index, path, name = key
             return getattr(capture.follow(inputs[index], path), name)
 
-        def after_backward(grad_inputs: Any, grad_outputs: Any) -> None:
+        def holder_name(key: tuple) -> str:
+            return type(capture.follow(inputs[key[0]], key[1])).__name__
+
+        # what the forward left: the compiled backward runs with these
+        snapshot = [(key, how, capture.eager_lookup(capture.follow(inputs[key[0]], key[1]), key[2])[0])
+                    for key, how in self.plan.backward_checks]
+
+        def before_backward(grad_outputs: Any) -> None:
+            for key, how, then in snapshot:
+                now = capture.eager_lookup(capture.follow(inputs[key[0]], key[1]), key[2])[0]
+                if now is then or (how == "value" and same_value(now, then)):
+                    continue
+                raise SubclassWriteError(
+                    RefusalKind.WRITE_IN_BACKWARD, holder_name(key), key[2], type(now).__name__,
+                    context=f"the compiled backward was traced with {key[2]} = {then!r}, its value after the "
+                    f"forward; it was set to {now!r} before backward() ran",
+                )
             for d in decisions:
                 now = counters.evaluate(d.expr, read)
                 if now != d.value:
-                    w = writes[0]
+                    key = counters.reads_in(d.expr)[0]
                     raise SubclassWriteError(
-                        RefusalKind.WRITE_IN_BACKWARD,
-                        type(w.target(inputs)).__name__,
-                        w.name,
-                        "int",
+                        RefusalKind.WRITE_IN_BACKWARD, holder_name(key), key[2], "int",
                         context=f"the compiled backward was traced where {d.expr} was {d.value!r}; now it is {now!r}",
                     )
+
+        def after_backward(grad_inputs: Any, grad_outputs: Any) -> None:
             values = [
                 counters.evaluate(w.value, read) if w.value_from is ValueFrom.COUNTED else w.value for w in writes
             ]
             for w, value in zip(writes, values):
                 setattr(w.target(inputs), w.name, value)
 
-        node.register_hook(after_backward)
+        if snapshot or decisions:
+            node.register_prehook(before_backward)
+        if writes:
+            node.register_hook(after_backward)
 
     def wrap_boxed(self, compiled: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
         """The compiled callable AOTAutograd returns from its stage 2 (boxed: it takes one

@@ -1,0 +1,207 @@
+"""What the backward reads: the state the forward left, and what the user changes between the
+forward and the backward.
+
+Eager's backward runs after the forward's writes and after whatever the user did in between;
+the compiled backward was traced once. Each test runs eager and compiled side by side on equal,
+separate objects and compares gradients and state after every backward: equal, or the compiled
+backward raises a dynamo_ext refusal before anything is accumulated.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._pytree import tree_map_only
+
+import dynamo_ext
+from dynamo_ext.errors import RefusalKind, SubclassWriteError
+
+
+class Weight(torch.Tensor):
+    """A weight whose dispatch tells the forward from the backward by grad mode (the backward's
+    ops run with grad off): ``FORWARD(w)`` runs on forward ops, ``BACKWARD(w, out)`` on backward
+    ops and returns the op's result."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+        r.elem = elem
+        r.step = 0
+        r.gscale = 1.0
+        r.clip = False
+        return r
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        ws = [a for a in args if isinstance(a, cls)]
+        out = func(*tree_map_only(cls, lambda t: t.elem, args), **tree_map_only(cls, lambda t: t.elem, kwargs))
+        for w in ws:
+            if torch.is_grad_enabled():
+                cls.forward_op(w)
+            else:
+                out = cls.backward_op(w, out)
+        return out
+
+    @staticmethod
+    def forward_op(w):
+        pass
+
+    @staticmethod
+    def backward_op(w, out):
+        return out
+
+
+class DividesByStep(Weight):
+    """1/step gradient scaling: the forward counts, the backward divides by the count."""
+
+    @staticmethod
+    def forward_op(w):
+        w.step += 1
+
+    @staticmethod
+    def backward_op(w, out):
+        return out / w.step
+
+
+class BranchesOnStep(Weight):
+    @staticmethod
+    def forward_op(w):
+        w.step += 1
+
+    @staticmethod
+    def backward_op(w, out):
+        return out * 0.5 if w.step % 2 == 0 else out
+
+
+class DividesByAmax(Weight):
+    """The forward records a tensor under the name of a Tensor method (``amax``); the backward
+    scales by it."""
+
+    @staticmethod
+    def forward_op(w):
+        w.step += 1
+        w.amax = w.elem.abs().max() * w.step
+
+    @staticmethod
+    def backward_op(w, out):
+        return out / w.amax
+
+
+class DividesByRecorded(DividesByAmax):
+    @staticmethod
+    def forward_op(w):
+        w.step += 1
+        w.fwd_amax = w.elem.abs().max() * w.step
+
+    @staticmethod
+    def backward_op(w, out):
+        return out / w.fwd_amax
+
+
+def fn(x, w):
+    return (x * w).sin().sum()
+
+
+def _state(w):
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in vars(w).items() if k != "elem"}
+
+
+def _same_state(e, c, where):
+    assert e.keys() == c.keys(), where
+    for k in e:
+        if isinstance(e[k], torch.Tensor):
+            assert type(c[k]) is torch.Tensor, f"{where}: {k} is {type(c[k])}"
+            torch.testing.assert_close(c[k], e[k], msg=lambda m: f"{where}: {k}: {m}")
+        else:
+            assert type(c[k]) is type(e[k]) and c[k] == e[k], f"{where}: {k}: eager {e[k]!r} compiled {c[k]!r}"
+
+
+@pytest.mark.parametrize("cls", [DividesByStep, BranchesOnStep, DividesByAmax, DividesByRecorded])
+@pytest.mark.parametrize("fullgraph", [True, False])
+@pytest.mark.parametrize("dynamic", [None, True])
+@pytest.mark.parametrize("extra_forward", [False, True])
+def test_the_backward_reads_what_the_forward_wrote(cls, fullgraph, dynamic, extra_forward):
+    """The forward bumps ``step`` (and records a tensor); the backward reads them: it must see
+    them as the forward left them (a trace that read the entry state divided by 0)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=fullgraph, dynamic=dynamic)
+    we, wc = cls(torch.linspace(0.5, 2.0, 4)), cls(torch.linspace(0.5, 2.0, 4))
+    gen = torch.Generator().manual_seed(0)
+    for i in range(5):
+        if extra_forward:  # a forward without a backward: the count moves on by one more
+            x = torch.randn(2, 4, generator=gen)
+            fn(x, we), compiled(x.clone(), wc)
+        xe = torch.randn(2 + i % 2, 4, generator=gen, requires_grad=True)
+        xc = xe.detach().clone().requires_grad_()
+        fn(xe, we).backward()
+        compiled(xc, wc).backward()
+        torch.testing.assert_close(xc.grad, xe.grad, msg=lambda m: f"call {i}: {m}")
+        _same_state(_state(we), _state(wc), f"call {i}")
+
+
+class ReadsKnobs(Weight):
+    """The backward reads knobs the user may set between the forward and the backward."""
+
+    @staticmethod
+    def backward_op(w, out):
+        out = out * w.gscale
+        return out.clamp(-0.1, 0.1) if w.clip else out
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+@pytest.mark.parametrize("change", [("gscale", 3.0), ("clip", True), ("gscale", 1.0)])
+def test_a_knob_set_between_the_forward_and_the_backward(fullgraph, change):
+    """The compiled backward was traced with the knob's value at the forward: a new value set
+    before ``backward()`` raises a refusal there (nothing accumulated), never a gradient made
+    with the old one; setting the value it already has changes nothing."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=fullgraph)
+    we, wc = ReadsKnobs(torch.linspace(0.5, 2.0, 4)), ReadsKnobs(torch.linspace(0.5, 2.0, 4))
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    le, lc = fn(xe, we), compiled(xc, wc)
+    name, value = change
+    setattr(we, name, value)
+    setattr(wc, name, value)
+    le.backward()
+    if change == ("gscale", 1.0):
+        lc.backward()
+        torch.testing.assert_close(xc.grad, xe.grad)
+        return
+    with pytest.raises(SubclassWriteError) as info:
+        lc.backward()
+    assert info.value.kind is RefusalKind.WRITE_IN_BACKWARD and name in str(info.value)
+    assert xc.grad is None
+
+
+class FormatsBackwardCount(Weight):
+    @staticmethod
+    def backward_op(w, out):
+        w.bwd = getattr(w, "bwd", 0) + 1
+        w.pair = ("bwd", w.bwd)
+        w.nested = (w.bwd, ("n", w.bwd), frozenset({w.bwd}))
+        return out
+
+
+def test_ints_the_backward_puts_in_containers_are_ints():
+    """A container the backward writes holds plain ints, as eager's does (a checkpoint loaded
+    with ``weights_only=True`` takes nothing else)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    we, wc = FormatsBackwardCount(torch.ones(4)), FormatsBackwardCount(torch.ones(4))
+    for i in range(3):
+        x = torch.randn(2, 4)
+        fn(x.clone().requires_grad_(), we).backward()
+        compiled(x.clone().requires_grad_(), wc).backward()
+        assert wc.pair == we.pair and wc.nested == we.nested
+        assert type(wc.pair[1]) is int and type(wc.nested[0]) is int and type(wc.nested[1][1]) is int
+        assert all(type(v) is int for v in wc.nested[2])
+        assert type(wc.bwd) is int
