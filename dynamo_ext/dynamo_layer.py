@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import os
 import sys
 import types
@@ -1078,6 +1079,7 @@ def make_metadata_guard_hook(original: Callable[..., Any]) -> Callable[..., Any]
         output = getattr(getattr(self, "check_fn_manager", None), "output_graph", None)
         state = getattr(output, "__dict__", {}).get(_STATE_KEY)
         value = self.get(guard)
+        _guard_zero_signs(self, guard, value)
         symbolic = state.symbolic_ctx.get(id(value)) if state is not None else None
         if not symbolic:
             return original(self, guard)
@@ -1090,6 +1092,39 @@ def make_metadata_guard_hook(original: Callable[..., Any]) -> Callable[..., Any]
             d.update(saved)
 
     return TENSOR_SUBCLASS_METADATA_MATCH
+
+
+def _zero_signs(ctx: Any, depth: int = 0) -> tuple:
+    """The signs of the float zeros in a flatten ctx, in order."""
+    if type(ctx) is float:
+        return (math.copysign(1.0, ctx),) if ctx == 0.0 else ()
+    if depth < 4 and isinstance(ctx, (tuple, list)):
+        return tuple(sign for item in ctx for sign in _zero_signs(item, depth + 1))
+    if depth < 4 and isinstance(ctx, dict):
+        return tuple(sign for item in ctx.values() for sign in _zero_signs(item, depth + 1))
+    return ()
+
+
+def _guard_zero_signs(builder: Any, guard: Any, value: Any) -> None:
+    """Dynamo's ctx guard compares with ``==``, which does not tell -0.0 from 0.0; eager's
+    arithmetic does (a ctx float a dispatch flips between them): their signs are guarded too."""
+    from torch._dynamo.guards import get_verbose_code_parts
+
+    try:
+        signs = _zero_signs(value.__tensor_flatten__()[1])
+    except Exception:  # noqa: BLE001 - Dynamo's own guard reports a flatten that fails
+        return
+    if not signs:
+        return
+
+    def check(x: Any) -> bool:
+        try:
+            return _zero_signs(x.__tensor_flatten__()[1]) == signs
+        except Exception:  # noqa: BLE001
+            return False
+
+    code = f"{builder.arg_ref(guard)}.__tensor_flatten__() ctx zeros have signs {signs}"
+    builder.get_guard_manager(guard).add_lambda_guard(check, get_verbose_code_parts(code, guard), guard.user_stack)
 
 
 def make_guard_deepcopy(original: Callable[..., Any]) -> Callable[..., Any]:

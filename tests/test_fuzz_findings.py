@@ -323,6 +323,18 @@ FOUND = [
         ",dynamic=None,batch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
         "aot_eager",
     ),
+    # a float in the flatten ctx that dispatch flips from 0.0 to -0.0: Dynamo's ctx guard
+    # compares with ==, and the frame after the graph break reused a graph whose outputs'
+    # ctx held 0.0
+    (
+        "Spec(writes=(Write(op='sin',kind='equal_value',attr='a',in_ctx=True,grows_flatten=False),),ctor=(),u"
+        "nflatten=None,getattr_kind=None,getattr_reads=(),ext_reads=(),inner=Inner(ctx_op=None, dict_op=None,"
+        " dict_kind='counter'),inner_writes=(InnerWrite(op='add', kind='list', attr='ops'),),alias=None,alias"
+        "_op='mul',alias_use=False)",
+        "Program(n_inputs=1,steps=(('sin', 0, 0), ('add', 0, 0)),break_after=0,requires_grad=False,calls=2,dy"
+        "namic=None,batch='same',changes=(),ext_changes=(),break_top=True,reads_globals=False)",
+        "eager",
+    ),
 ]
 
 
