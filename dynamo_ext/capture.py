@@ -579,6 +579,14 @@ class Scope:
                 self.answer(self, t, name)  # type: ignore[misc]
             except AttributeError:
                 pass
+        # in eager's order: the real object's entries as it holds them, then those the trace
+        # made (code iterating the dict applies them in that order)
+        d, real = obj_dict(t.obj), obj_dict(t.real)
+        order = [k for k in real if k in d] + [k for k in d if k not in real]
+        if list(d) != order:
+            items = [(k, d[k]) for k in order]
+            d.clear()
+            d.update(items)
         t.dict_complete = True
 
     def write(self, t: Tracked, name: str, value: Any) -> None:

@@ -504,3 +504,42 @@ def test_a_count_started_through_the_instance_dict(backend, fullgraph, kind):
     out = differential(lambda x: x.sin(), make, backend=backend, fullgraph=fullgraph, calls=3)
     held = vars(out.compiled_inputs[0])
     assert held.get("n", held.get("ops")) in (3, ("sin",) * 3)
+
+
+class AppliesItsDictInOrder(S.WritingTensor):
+    """A debugging wrapper: the user registers post-ops as attributes (``post_mul_*``,
+    ``post_add_*``), dispatch applies them in the order the instance dict holds them and
+    records the order it saw."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        first = next((a for a in args if isinstance(a, cls)), None)
+        if first is None or not isinstance(out, cls):
+            return out
+        elem = out.elem
+        for k, v in first.__dict__.items():
+            if k.startswith("post_mul"):
+                elem = elem * v
+            elif k.startswith("post_add"):
+                elem = elem + v
+        first.seen = tuple(k for k in vars(first) if k != "seen")
+        return cls(elem)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_the_instance_dict_is_read_in_eager_order(backend, fullgraph):
+    """Code iterating ``__dict__`` sees its entries in the order eager holds them (the user's
+    order of assignment), not the order the trace answered them in (by name: the add came
+    before the multiply, and the outputs differed)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x * 2, backend=backend, fullgraph=fullgraph)
+    xe, xc = AppliesItsDictInOrder(torch.arange(3.0)), AppliesItsDictInOrder(torch.arange(3.0))
+    for call, (name, value) in enumerate([("post_mul_z", 10.0), ("post_add_a", 1.0), ("post_mul_z", 2.0), ("post_add_0", -3.0)]):
+        setattr(xe, name, value)
+        setattr(xc, name, value)
+        out_e, out_c = xe * 2, compiled(xc)
+        torch.testing.assert_close(out_c.elem, out_e.elem, msg=lambda m: f"call {call}: {m}")
+        assert xc.seen == xe.seen, f"call {call}"
+        assert_same_state(xe, xc, f"call {call}")
