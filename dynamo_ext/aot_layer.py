@@ -117,7 +117,10 @@ class Planner:
         self.forward_values: dict[tuple[int, str], Any] = {}
         # names the traced backward read that the forward did not write, checked again when
         # the compiled backward runs: (index, path, name) -> "value" | "identity"
-        self.backward_checks: dict[tuple, str] = {}
+        self.backward_checks: dict[tuple, Any] = {}
+        # names the traced backward read as the forward wrote them: key -> (real holder, value)
+        self.forward_reads: dict[tuple, tuple[Any, Any]] = {}
+        self.outputs: Sequence[Any] = ()  # the latest pass's outputs (Dynamo's graph outputs)
         # AOTAutogradCache (aot_cache.py): called with the frozen plan; returns what the
         # compiled function must keep alive (a save still to come), or None.
         self.on_frozen: Callable[[WritePlan], Any] | None = None
@@ -201,6 +204,7 @@ class Planner:
         constants as traced, tensors and symbolic ints as extra outputs. torch's own
         subclasses (NestedTensor's nested ints) are left to torch."""
         planned: list[PlannedWrite] = []
+        self.outputs = outputs
         for k, out in enumerate(outputs):
             if _is_subclass(out) and not any(out is a for a in args):
                 self._plan_output_tree(args, out, k, (), extras, planned)
@@ -327,6 +331,7 @@ class Planner:
             # forward is guarded on what made it), a symbolic int or a tensor of the same
             # joint trace (AOTAutograd saves it for the backward like any activation).
             t.settled.add(name)
+            self.forward_reads[(t.data.index, t.data.path, name)] = (t.real, written)
             if written is MISSING:  # the forward deleted it
                 t.set_answer(name, MISSING)
                 raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
@@ -399,6 +404,7 @@ class Planner:
                     raise SubclassWriteError(kind, t.cls_name, w.name, type(w.value).__name__, why)
         self.backward = list(late.values())
         self._late = []
+        self._check_forward_reads(recorded)
         if self.backward or self.backward_reads or self.tape.decisions:
             self._guard_backward_decisions(forward | {k for k in self.backward_reads if k[2] in recorded.get(id(self.backward_reads[k][0]), ())})
 
@@ -454,6 +460,27 @@ class Planner:
             source = self.source_of(holder) if holder is not None else None
             if source is not None:
                 guards.constant(AttrSource(source, key[2]), value)
+
+    def _check_forward_reads(self, recorded: dict) -> None:
+        """A name the backward read as the forward wrote it must still hold that value when
+        the compiled backward runs (eager's backward reads it then: a second forward before
+        the backward moves a count on). The value the forward wrote is known at run time:
+        written by this plan's epilogue, it is read back when the forward returns;
+        replayed by Dynamo's residual bytecode after the graph, it is the graph output
+        Dynamo made of it (or the constant)."""
+        for key, (real, value) in self.forward_reads.items():
+            if value is MISSING or is_immutable_constant(value) and classify(value) is ValueKind.CONSTANT:
+                self.backward_checks[key] = ("constant", value)
+            elif key[2] not in recorded.get(id(real), ()):
+                self.backward_checks[key] = "identity" if isinstance(value, torch.Tensor) else "value"
+            else:
+                k = next((k for k, o in enumerate(self.outputs) if o is value), None)
+                if k is None:
+                    raise SubclassWriteError(
+                        RefusalKind.CHANGED_BEFORE_BACKWARD, "traced backward", key[2], type(value).__name__,
+                        "the backward reads a value the forward writes, which the graph does not return",
+                    )
+                self.backward_checks[key] = ("output", k)
 
     def _refuse_backward_read(self, name: str) -> None:
         raise SubclassWriteError(

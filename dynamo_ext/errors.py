@@ -24,6 +24,7 @@ class RefusalKind(str, enum.Enum):
     UNSUPPORTED_STATE_READ = "unsupported_state_read"
     DELETED_ATTRIBUTE = "deleted_attribute"
     WRITE_IN_BACKWARD = "write_in_backward"
+    CHANGED_BEFORE_BACKWARD = "changed_before_backward"
     UNREPLAYABLE_ENTRY = "unreplayable_entry"
     INNER_METADATA_MUTATION = "inner_metadata_mutation"
     STALE_PLAN = "stale_plan"
@@ -136,6 +137,21 @@ REFUSALS: dict[RefusalKind, Refusal] = {
                 "Or make the write on the gradient instead of the saved input.",
             ),
             "AOTAutograd",
+        ),
+        Refusal(
+            RefusalKind.CHANGED_BEFORE_BACKWARD,
+            "State the compiled backward reads changed between its forward and backward() (a "
+            "knob set by the user, a count moved on by another forward or an earlier backward).",
+            "The backward was compiled for the value it read when the forward ran; eager's "
+            "backward would read the new one, so running it would give other gradients or "
+            "state. Raised when that backward runs, before its gradients are accumulated.",
+            (
+                "Set the attribute before the forward, or call backward() before changing it.",
+                "Or run that backward eagerly (compile the forward only where the state is stable).",
+            ),
+            "AOTAutograd",
+            what="read attribute {attr!r} (value of type {value_type}) in the compiled backward",
+            raised_as="SubclassWriteError from backward()",
         ),
         Refusal(
             RefusalKind.UNREPLAYABLE_ENTRY,

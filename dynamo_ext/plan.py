@@ -122,9 +122,11 @@ class WritePlan:
     backward_writes: tuple[PlannedWrite, ...] = ()
     #: what the traced backward decided from counted values: each must hold again
     backward_decisions: tuple[counters.Decision, ...] = ()
-    #: names the traced backward read from the real object, each as it must still be when the
-    #: compiled backward runs: ((index, path, name), "value" | "identity")
-    backward_checks: tuple[tuple[tuple, str], ...] = ()
+    #: names the traced backward read, each as it must still be when the compiled backward
+    #: runs: ((index, path, name), how); how: "value" or "identity" (as the attribute holds it
+    #: when the forward returns), ("constant", value) or ("output", k) (the forward's k-th
+    #: output: a value Dynamo's residual bytecode writes after the graph)
+    backward_checks: tuple[tuple[tuple, Any], ...] = ()
     entry_reads: tuple[EntryRead, ...] = ()
     #: Dynamo guards the inputs' state; called directly, the entry state is checked per call.
     guarded: bool = True
@@ -293,27 +295,34 @@ class Replay:
         def holder_name(key: tuple) -> str:
             return type(capture.follow(inputs[key[0]], key[1])).__name__
 
+        def now(key: tuple) -> Any:
+            return capture.eager_lookup(capture.follow(inputs[key[0]], key[1]), key[2])[0]
+
         # what the forward left: the compiled backward runs with these
-        snapshot = [(key, how, capture.eager_lookup(capture.follow(inputs[key[0]], key[1]), key[2])[0])
-                    for key, how in self.plan.backward_checks]
+        snapshot = []
+        for key, how in self.plan.backward_checks:
+            if isinstance(how, tuple):
+                snapshot.append((key, "value", how[1] if how[0] == "constant" else out[how[1]]))
+            else:
+                snapshot.append((key, how, now(key)))
 
         def before_backward(grad_outputs: Any) -> None:
             for key, how, then in snapshot:
-                now = capture.eager_lookup(capture.follow(inputs[key[0]], key[1]), key[2])[0]
-                if now is then or (how == "value" and same_value(now, then)):
+                value = now(key)
+                if value is then or (how == "value" and same_value(value, then)):
                     continue
                 raise SubclassWriteError(
-                    RefusalKind.WRITE_IN_BACKWARD, holder_name(key), key[2], type(now).__name__,
-                    context=f"the compiled backward was traced with {key[2]} = {then!r}, its value after the "
-                    f"forward; it was set to {now!r} before backward() ran",
+                    RefusalKind.CHANGED_BEFORE_BACKWARD, holder_name(key), key[2], type(value).__name__,
+                    context=f"the compiled backward was traced with {key[2]} = {then!r}, its value when the "
+                    f"forward returned; it is {value!r} now",
                 )
             for d in decisions:
-                now = counters.evaluate(d.expr, read)
-                if now != d.value:
+                got = counters.evaluate(d.expr, read)
+                if got != d.value:
                     key = counters.reads_in(d.expr)[0]
                     raise SubclassWriteError(
-                        RefusalKind.WRITE_IN_BACKWARD, holder_name(key), key[2], "int",
-                        context=f"the compiled backward was traced where {d.expr} was {d.value!r}; now it is {now!r}",
+                        RefusalKind.CHANGED_BEFORE_BACKWARD, holder_name(key), key[2], "int",
+                        context=f"the compiled backward was traced where {d.expr} was {d.value!r}; now it is {got!r}",
                     )
 
         def after_backward(grad_inputs: Any, grad_outputs: Any) -> None:

@@ -178,7 +178,7 @@ def test_a_knob_set_between_the_forward_and_the_backward(fullgraph, change):
         return
     with pytest.raises(SubclassWriteError) as info:
         lc.backward()
-    assert info.value.kind is RefusalKind.WRITE_IN_BACKWARD and name in str(info.value)
+    assert info.value.kind is RefusalKind.CHANGED_BEFORE_BACKWARD and name in str(info.value)
     assert xc.grad is None
 
 
@@ -205,3 +205,28 @@ def test_ints_the_backward_puts_in_containers_are_ints():
         assert type(wc.pair[1]) is int and type(wc.nested[0]) is int and type(wc.nested[1][1]) is int
         assert all(type(v) is int for v in wc.nested[2])
         assert type(wc.bwd) is int
+
+
+@pytest.mark.parametrize("cls", [DividesByStep, DividesByAmax])
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_second_forward_before_the_backward(cls, fullgraph):
+    """Two forwards, one backward of both: eager's backward of the first reads the count the
+    second left, which the compiled backward was not traced with. It raises when that
+    backward runs, before its gradients are accumulated; a backward after each forward matches."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=fullgraph)
+    we, wc = cls(torch.linspace(0.5, 2.0, 4)), cls(torch.linspace(0.5, 2.0, 4))
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(2, 4, generator=gen) for _ in range(2)]
+    xe = [x.clone().requires_grad_() for x in xs]
+    xc = [x.clone().requires_grad_() for x in xs]
+    (fn(xe[0], we) + fn(xe[1], we)).backward()
+    lc = compiled(xc[0], wc) + compiled(xc[1], wc)
+    _same_state(_state(we), _state(wc), "after the forwards")
+    with pytest.raises(SubclassWriteError) as info:
+        lc.backward()
+    assert info.value.kind is RefusalKind.CHANGED_BEFORE_BACKWARD
+    # the backward of the first forward raised before accumulating; the second's state held
+    assert xc[0].grad is None
+    if xc[1].grad is not None:
+        torch.testing.assert_close(xc[1].grad, xe[1].grad)
