@@ -195,7 +195,9 @@ class Planner:
             )
         return extras
 
-    def plan_outputs(self, args: Sequence[Any], outputs: Sequence[Any], extras: list[Any]) -> None:
+    def plan_outputs(
+        self, args: Sequence[Any], outputs: Sequence[Any], extras: list[Any], written: dict[tuple[int, str], Write] | None = None
+    ) -> None:
         """Outputs hold what dispatch gave them. AOTAutograd rebuilds an output subclass at
         run time from the flatten ctx it traced: attributes outside the ctx are lost, and a
         ctx built from a symbolic int holds a SymInt of the trace (See Note [Symbolic ints
@@ -205,6 +207,7 @@ class Planner:
         subclasses (NestedTensor's nested ints) are left to torch."""
         planned: list[PlannedWrite] = []
         self.outputs = outputs
+        self._written = written or {}
         for k, out in enumerate(outputs):
             if _is_subclass(out) and not any(out is a for a in args):
                 self._plan_output_tree(args, out, k, (), extras, planned)
@@ -238,6 +241,7 @@ class Planner:
                     planned.append(PlannedWrite(-1, path, name, ValueFrom.SIBLING, first[id(held)], output_index=k))
                 elif isinstance(held, torch.Tensor):
                     first[id(held)] = name
+            rebuilt: dict | None = None
             for name, value in capture.obj_dict(obj).items():
                 if name in inner or is_torch_internal(name):
                     continue
@@ -251,6 +255,19 @@ class Planner:
                 elif kind in (ValueKind.SYMBOLIC, ValueKind.TENSOR):
                     value_from, where = _graph_value(args, value, {}, extras)
                     planned.append(PlannedWrite(-1, path, name, value_from, where, output_index=k))
+                else:
+                    # a list, an arbitrary object: nothing carries it to the run-time output,
+                    # which __tensor_unflatten__ builds; refused unless that builds it too (a
+                    # constructor's own empty history)
+                    rebuilt = _rebuilt_state(obj) if rebuilt is None else rebuilt
+                    if not (name in rebuilt and same_value(rebuilt[name], value)):
+                        w = self._written.get((id(obj), name))
+                        bad = refusal_for(value, w.old if w is not None else MISSING, w is not None and w.in_place)
+                        kind, value_type = bad or (RefusalKind.OPAQUE_VALUE, type(value).__name__)
+                        raise SubclassWriteError(
+                            kind, type(obj).__name__, name, value_type,
+                            context="held by an output, which AOTAutograd rebuilds with __tensor_unflatten__",
+                        )
         for name in sorted(inner):
             child = getattr(obj, name, None)
             if _is_subclass(child) and not any(child is a for a in args):
@@ -601,6 +618,17 @@ class Planner:
         return value if answer is MISSING else answer
 
 
+def _rebuilt_state(obj: Any) -> dict:
+    """The instance dict ``__tensor_unflatten__`` gives a copy of ``obj`` (what a run-time
+    output holds before the plan's writes); empty if it cannot be built."""
+    try:
+        names, ctx = obj.__tensor_flatten__()
+        copy = type(obj).__tensor_unflatten__({n: getattr(obj, n) for n in names}, ctx, obj.size(), obj.stride())
+        return dict(capture.obj_dict(copy))
+    except Exception:  # noqa: BLE001 - any failure: nothing is known to be rebuilt
+        return {}
+
+
 def _check_against_dynamo(t: Tracked, w: Write, recorded: Any) -> None:
     """The constant Dynamo's fake propagation wrote must be the one this pass computed,
     or the value depends on how the op was traced (e.g. on the inner tensors' type)
@@ -748,7 +776,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                 planner.pass_state = [(w.tracked.obj, w.name, w.value) for w in net if w.tracked.shared]
                 extras = planner.plan_pass(leaves, scope, net)
                 if flat_outputs:
-                    planner.plan_outputs(leaves, out, extras)
+                    planner.plan_outputs(leaves, out, extras, {(id(w.tracked.obj), w.name): w for w in net})
                 if planner.passes == 1:
                     planner.n_extra = len(extras)
                 elif len(extras) != planner.n_extra:

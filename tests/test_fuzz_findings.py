@@ -335,6 +335,17 @@ FOUND = [
         "namic=None,batch='same',changes=(),ext_changes=(),break_top=True,reads_globals=False)",
         "eager",
     ),
+    # a list written on the inner subclass of a returned intermediate: AOTAutograd rebuilt the
+    # output with __tensor_unflatten__ and the list was silently lost (expected: mutable_value)
+    (
+        "Spec(writes=(Write(op='mul',kind='constant',attr='a',in_ctx=False,grows_flatten=True),),ctor=(),unfl"
+        "atten=None,getattr_kind=None,getattr_reads=(),ext_reads=(),inner=Inner(ctx_op=None, dict_op=None, d"
+        "ict_kind='counter'),inner_writes=(InnerWrite(op='add', kind='list', attr='ops'),),alias=None,alias_o"
+        "p='mul',alias_use=False)",
+        "Program(n_inputs=1,steps=(('mul', 0, 0), ('add', 1, 0)),break_after=None,requires_grad=False,calls=2"
+        ",dynamic=None,batch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
+        "aot_eager",
+    ),
 ]
 
 
