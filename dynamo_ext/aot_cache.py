@@ -51,7 +51,7 @@ from .values import GRAPH_VALUE
 log = logging.getLogger(__name__)
 
 #: Bumped when the plan's pickled form changes: older entries are then misses.
-PLAN_FORMAT = 1
+PLAN_FORMAT = 2
 
 
 @dataclasses.dataclass(frozen=True)

@@ -118,6 +118,7 @@ class Planner:
         # names the traced backward read that the forward did not write, checked again when
         # the compiled backward runs: (index, path, name) -> "value" | "identity"
         self.backward_checks: dict[tuple, Any] = {}
+        self.backward_guards: list[tuple] = []  # See _install_backward_guard
         # names the traced backward read as the forward wrote them: key -> (real holder, value)
         self.forward_reads: dict[tuple, tuple[Any, Any]] = {}
         self.outputs: Sequence[Any] = ()  # the latest pass's outputs (Dynamo's graph outputs)
@@ -456,27 +457,38 @@ class Planner:
             if len(set(reads)) != 1:
                 keys.extend(reads)
                 continue
-            (index, path, name), = set(reads)
-            holder = self.backward_reads.get((index, path, name), (None, None))[0]
-            source = self.source_of(holder) if holder is not None else None
-            if (index, path, name) in forward_written:
-                self._refuse_backward_read(name)
-            if source is not None:
-                expr, value = d.expr, d.value
-                guards.lambda_(
-                    source,
-                    lambda obj, expr=expr, value=value, name=name: counters.evaluate(expr, lambda key: getattr(obj, name)) == value,
-                    f"holds {name} where the traced backward decided {expr} == {value!r}",
-                )
-        from torch._dynamo.source import AttrSource
-
-        for key in dict.fromkeys(keys):
-            holder, value = self.backward_reads.get(key, (None, None))
+            (key,) = set(reads)
             if key in forward_written:
                 self._refuse_backward_read(key[2])
-            source = self.source_of(holder) if holder is not None else None
-            if source is not None:
-                guards.constant(AttrSource(source, key[2]), value)
+            self._install_backward_guard(("decision", key, d.expr, d.value))
+        for key in dict.fromkeys(keys):
+            if key in forward_written:
+                self._refuse_backward_read(key[2])
+            if key in self.backward_reads:
+                self._install_backward_guard(("constant", key, self.backward_reads[key][1]))
+
+    def _install_backward_guard(self, g: tuple) -> None:
+        """Guard the forward on what the traced backward decided: ``("decision", key, expr,
+        value)`` or ``("constant", key, value)``, key = (input index, path, name). Kept in
+        the plan: a compile that loads the plan from AOTAutogradCache installs them again."""
+        from torch._dynamo.source import AttrSource
+
+        if g not in self.backward_guards:
+            self.backward_guards.append(g)
+        (index, path, name) = g[1]
+        real = self.real_of(index)
+        source = self.source_of(capture.follow(real, path)) if real is not None else None
+        if source is None:
+            return
+        if g[0] == "decision":
+            expr, value = g[2], g[3]
+            guards.lambda_(
+                source,
+                lambda obj: counters.evaluate(expr, lambda key: getattr(obj, name)) == value,
+                f"holds {name} where the traced backward decided {expr} == {value!r}",
+            )
+        else:
+            guards.constant(AttrSource(source, name), g[2])
 
     def _check_forward_reads(self, recorded: dict) -> None:
         """A name the backward read as the forward wrote it must still hold that value when
@@ -515,6 +527,7 @@ class Planner:
             ),
             backward_decisions=tuple(self.tape.decisions),
             backward_checks=tuple(self.backward_checks.items()),
+            backward_guards=tuple(self.backward_guards),
             entry_reads=tuple(self.entry_reads.values()),
             guarded=self.record is not None,
         )
@@ -565,6 +578,8 @@ class Planner:
         read, as they would have."""
         for read in plan.entry_reads:
             self.install_guard(read, capture.follow(self.real_inputs[read.input_index], read.path))
+        for g in plan.backward_guards:
+            self._install_backward_guard(g)
 
     def answer(self, scope: Scope, t: Tracked, name: Any) -> Any:
         """Answer a pass's read from the real input (Dynamo seeded its graph values already)."""

@@ -127,6 +127,9 @@ class WritePlan:
     #: when the forward returns), ("constant", value) or ("output", k) (the forward's k-th
     #: output: a value Dynamo's residual bytecode writes after the graph)
     backward_checks: tuple[tuple[tuple, Any], ...] = ()
+    #: what the traced backward decided, guarded on the forward (aot_layer's
+    #: Planner._install_backward_guard); installed again when the plan is loaded from cache
+    backward_guards: tuple[tuple, ...] = ()
     entry_reads: tuple[EntryRead, ...] = ()
     #: Dynamo guards the inputs' state; called directly, the entry state is checked per call.
     guarded: bool = True
@@ -202,6 +205,19 @@ def state_mismatch(plan: WritePlan, inputs: Sequence[Any]) -> str | None:
             return f"input {r.input_index}{r.path}: {e}"
         if not _holds(r, now):
             return f"traced with {r.kind.value} {r.name}={r.value!r}, now {now!r}"
+    for g in plan.backward_guards:  # what the traced backward decided from the ints it read
+        (index, path, name) = g[1]
+        try:
+            obj = capture.follow(inputs[index], path)
+            holds = (
+                counters.evaluate(g[2], lambda key: getattr(obj, name)) == g[3]
+                if g[0] == "decision"
+                else same_value(getattr(obj, name), g[2])
+            )
+        except (IndexError, AttributeError) as e:
+            return f"input {index}{path}: {e}"
+        if not holds:
+            return f"the backward was traced where {name} gave {g[2:]!r}"
     return None
 
 

@@ -52,6 +52,7 @@ def test_second_process_with_warm_cache_replays_the_same_writes(tmp_path, mode):
 import dataclasses  # noqa: E402
 
 from torch._dynamo.utils import counters  # noqa: E402
+import torch.utils._pytree as pytree  # noqa: E402
 from torch._inductor.utils import fresh_cache  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402
 
@@ -212,3 +213,57 @@ def test_writes_on_objects_outside_the_inputs_bypass_the_cache_and_say_so():
             seen.append(dict(counters["aot_autograd"]))
     for run in seen:
         assert run.get("autograd_cache_bypass") and not run.get("autograd_cache_hit"), seen
+
+
+class CountsBackwardCalls(torch.Tensor):
+    """A weight that counts the backward's calls (ops it sees with grad off), records text
+    made from the count and scales every second gradient: the compiled backward decides
+    from the count, so each compile holds for counts that decide the same way."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+        r.elem = elem
+        r.bwd = 0
+        return r
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, size, stride):
+        return CountsBackwardCalls(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        unwrap = lambda t: t.elem  # noqa: E731
+        out = func(*pytree.tree_map_only(cls, unwrap, args), **pytree.tree_map_only(cls, unwrap, kwargs))
+        for w in (a for a in args if isinstance(a, cls)):
+            if not torch.is_grad_enabled():
+                w.bwd += 1
+                w.tag = f"bwd-{w.bwd}"
+                if w.bwd % 2 == 0:
+                    out = out * 2.0
+        return out
+
+
+def test_an_entry_whose_backward_decided_from_other_counts_is_a_miss():
+    """The second compile's graph and key equal the first's; its backward decided from
+    another count. A hit on the first entry ran that backward: refused when it ran
+    (changed_before_backward) where eager just scaled the gradient."""
+
+    def f(x, w):
+        return (x * w).sin().sum()
+
+    with fresh_cache():
+        torch._dynamo.reset()
+        compiled = torch.compile(f, backend="inductor")
+        we, wc = CountsBackwardCalls(torch.arange(4.0)), CountsBackwardCalls(torch.arange(4.0))
+        for call in range(4):
+            x = torch.randn(2, 4)
+            xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+            f(xe, we).backward()
+            compiled(xc, wc).backward()
+            assert (wc.bwd, wc.tag) == (we.bwd, we.tag) == (call + 1, f"bwd-{call + 1}")
+            torch.testing.assert_close(xc.grad, xe.grad, msg=lambda m: f"call {call}: {m}")
