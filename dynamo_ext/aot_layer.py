@@ -283,7 +283,7 @@ class Planner:
         for value in values:
             capture.guard_now(value)
 
-    def keep_tracking(self, scope: Scope, net: Sequence[Write] = ()) -> None:
+    def keep_tracking(self, scope: Scope, net: Sequence[Write] = (), read: dict | None = None) -> None:
         """A finished pass's instances, as restored: what is written on them later is
         written by the backward, which AOTAutograd traces right after the forward
         returned (the joint pass). The instances stay tracked, in a scope that is the
@@ -291,7 +291,8 @@ class Planner:
         answered as counted values (See counters.py), and names the pass wrote as it left
         them (``net``; See Note [The backward reads what the forward wrote])."""
         self.close_late()
-        self.forward_values = {(id(w.tracked.obj), w.name): w.value for w in net if isinstance(w.tracked.data, _Where)}
+        self.forward_values = dict(read or {})  # tensors the forward read: graph inputs
+        self.forward_values.update({(id(w.tracked.obj), w.name): w.value for w in net if isinstance(w.tracked.data, _Where)})
         late = Scope(answer=self.answer_backward, label="backward")
         late.check_inner = False
         late.deferred_guards = self.deferred_guards
@@ -361,6 +362,16 @@ class Planner:
             t.settled.add(name)
             return held
         value = capture.obj_dict(t.obj).get(name, MISSING)
+        if name not in t.flatten_names:
+            real_value, origin = capture.eager_lookup(t.real, name)
+            if isinstance(real_value, torch.Tensor):
+                # Not an input of the traced program (the forward neither read nor wrote it):
+                # the traced instance holds its constructor's tensor, if any, not the real one.
+                raise SubclassWriteError(
+                    RefusalKind.UNSUPPORTED_STATE_READ, t.cls_name, name, type(real_value).__name__,
+                    "the traced backward reads a tensor attribute outside __tensor_flatten__ that the "
+                    "forward neither reads nor writes: it is not an input of the compiled backward",
+                )
         if not isinstance(value, torch.Tensor):
             # eager's backward reads the real object (the traced instance may hold a default
             # its constructor set, where the real one was counted on)
@@ -633,6 +644,20 @@ class Planner:
         return value if answer is MISSING else answer
 
 
+def _tensors_read(scope: Scope) -> dict[tuple[int, str], Any]:
+    """The tensors outside the flatten list a pass read on its inputs' instances (graph inputs
+    Dynamo seeded, or answers): the backward reads them as the forward did."""
+    found: dict[tuple[int, str], Any] = {}
+    for t in scope.tracked.values():
+        if not isinstance(t.data, _Where) or t.plain_inner:
+            continue
+        d = capture.obj_dict(t.obj)
+        for name in t.settled - t.flatten_names - t.written:
+            if isinstance(d.get(name), torch.Tensor):
+                found[(id(t.obj), name)] = d[name]
+    return found
+
+
 def _rebuilt_state(obj: Any) -> dict:
     """The instance dict ``__tensor_unflatten__`` gives a copy of ``obj`` (what a run-time
     output holds before the plan's writes); empty if it cannot be built."""
@@ -764,6 +789,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                     scope.track(a, real, _Where(i, ()), plain_inner=True)
         watch = _watch_classes(t.obj for t in scope.tracked.values())
         net: list[Write] = []
+        read: dict[tuple[int, str], Any] = {}
         try:
             try:
                 with scope.active(), watch.watching() as changes:
@@ -779,6 +805,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
             writes = scope.settle()
             _refuse_inner_metadata_mutation(scope)
             net = scope.net_writes(writes)
+            read = _tensors_read(scope)
             if planner is not None:
                 for w in net:  # See the same guard in dynamo_layer.record_writes
                     t = w.tracked
@@ -802,7 +829,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
         finally:
             scope.restore()
         if planner is not None:
-            planner.keep_tracking(scope, net)
+            planner.keep_tracking(scope, net, read)
         if flat_outputs:
             return type(out)([*out, *extras]) if extras else out
         return out, tuple(extras)

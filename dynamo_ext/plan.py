@@ -322,10 +322,15 @@ class Replay:
             else:
                 snapshot.append((key, how, now(key)))
 
+        # a tensor changed in place since (``w.amax.mul_(2)``) counts as changed too
+        versions = [then._version if isinstance(then, torch.Tensor) else None for _, _, then in snapshot]
+
         def before_backward(grad_outputs: Any) -> None:
-            for key, how, then in snapshot:
+            for (key, how, then), version in zip(snapshot, versions):
                 value = now(key)
-                if value is then or (how == "value" and same_value(value, then)):
+                if (value is then or (how == "value" and same_value(value, then))) and (
+                    version is None or value._version == version
+                ):
                     continue
                 raise SubclassWriteError(
                     RefusalKind.CHANGED_BEFORE_BACKWARD, holder_name(key), key[2], type(value).__name__,

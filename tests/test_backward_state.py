@@ -230,3 +230,104 @@ def test_a_second_forward_before_the_backward(cls, fullgraph):
     assert xc[0].grad is None
     if xc[1].grad is not None:
         torch.testing.assert_close(xc[1].grad, xe[1].grad)
+
+
+class ScalesByUserTensor(Weight):
+    """The backward scales by a tensor the user keeps on the weight (outside the flatten
+    list); ``READ_IN_FORWARD``: the forward uses it too."""
+
+    READ_IN_FORWARD = False
+
+    @staticmethod
+    def forward_op(w):
+        pass
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if cls.READ_IN_FORWARD and torch.is_grad_enabled() and func is torch.ops.aten.mul.Tensor:
+            w = next(a for a in args if isinstance(a, cls))
+            return out * w.gscale_t
+        return out
+
+    @staticmethod
+    def backward_op(w, out):
+        return out * w.gscale_t
+
+
+@pytest.mark.parametrize("read_in_forward", [False, True])
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_tensor_the_user_keeps_on_the_weight_read_by_the_backward(read_in_forward, fullgraph):
+    """Not an input of the traced program unless the forward reads it: the traced backward
+    used the tensor the traced instance's constructor made (every gradient scaled by it). It
+    is refused then (eager semantics under fullgraph=False); read by the forward, it is a
+    graph input the backward uses, and a new tensor set between calls is used by both."""
+    cls = type("ScalesByUserTensor_", (ScalesByUserTensor,), {"READ_IN_FORWARD": read_in_forward})
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=fullgraph)
+
+    def make():
+        w = cls(torch.linspace(0.5, 2.0, 4))
+        w.gscale_t = torch.tensor(3.0)
+        return w
+
+    we, wc = make(), make()
+    gen = torch.Generator().manual_seed(0)
+    for i, scale in enumerate([3.0, 0.5, 2.0]):
+        we.gscale_t, wc.gscale_t = torch.tensor(scale), torch.tensor(scale)
+        x = torch.randn(2, 4, generator=gen)
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        fn(xe, we).backward()
+        if fullgraph and not read_in_forward:
+            with pytest.raises(Exception, match="unsupported_state_read") as info:
+                compiled(xc, wc)
+            assert "gscale_t" in str(info.value)
+            return
+        compiled(xc, wc).backward()
+        torch.testing.assert_close(xc.grad, xe.grad, msg=lambda m: f"call {i}: {m}")
+
+
+def test_a_recorded_tensor_changed_in_place_before_the_backward():
+    """``w.amax.mul_(2)`` between the forward and ``backward()``: the compiled backward saved
+    the old value; refused before it runs, not autograd's own in-place error."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=False)
+    wc = DividesByAmax(torch.linspace(0.5, 2.0, 4))
+    xc = torch.randn(2, 4).requires_grad_()
+    loss = compiled(xc, wc)
+    with torch.no_grad():
+        wc.amax.mul_(2)
+    with pytest.raises(SubclassWriteError) as info:
+        loss.backward()
+    assert info.value.kind is RefusalKind.CHANGED_BEFORE_BACKWARD and "amax" in str(info.value)
+    assert xc.grad is None
+
+
+class DequantCache(Weight):
+    """int8-style weight: the forward fills a dequantized cache when it has none; the
+    backward multiplies by the cache."""
+
+    @staticmethod
+    def forward_op(w):
+        if getattr(w, "cache", None) is None:
+            w.cache = w.elem * 0.5
+
+    @staticmethod
+    def backward_op(w, out):
+        return out * w.cache.sum()
+
+
+def test_a_cache_the_forward_fills_once_read_by_the_backward():
+    """From the second call the forward finds the cache and writes nothing; the backward
+    read the traced instance's None (a crash, also under fullgraph=False). Now the frame is
+    refused (the cache is not a graph input the backward can take) and runs eagerly."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=False)
+    we, wc = DequantCache(torch.linspace(0.5, 2.0, 4)), DequantCache(torch.linspace(0.5, 2.0, 4))
+    for i in range(3):
+        x = torch.randn(2, 4)
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        fn(xe, we).backward()
+        compiled(xc, wc).backward()
+        torch.testing.assert_close(xc.grad, xe.grad, msg=lambda m: f"call {i}: {m}")
+        torch.testing.assert_close(wc.cache, we.cache)
