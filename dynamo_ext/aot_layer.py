@@ -60,6 +60,7 @@ from .values import (
     is_torch_internal,
     ValueKind,
     classify,
+    contains_symbolic,
     is_code_object,
     refusal_for,
     same_value,
@@ -261,7 +262,8 @@ class Planner:
                     # which __tensor_unflatten__ builds; refused unless that builds it too (a
                     # constructor's own empty history)
                     rebuilt = _rebuilt_state(obj) if rebuilt is None else rebuilt
-                    if not (name in rebuilt and same_value(rebuilt[name], value)):
+                    # (a symbolic int inside, ``Stats(n=s0)``: the rebuilt output holds it too)
+                    if contains_symbolic(value) or not (name in rebuilt and same_value(rebuilt[name], value)):
                         w = self._written.get((id(obj), name))
                         bad = refusal_for(value, w.old if w is not None else MISSING, w is not None and w.in_place)
                         kind, value_type = bad or (RefusalKind.OPAQUE_VALUE, type(value).__name__)

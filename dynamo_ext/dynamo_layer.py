@@ -1004,7 +1004,15 @@ def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., An
     def compile_subgraph(self: Any, *args: Any, **kwargs: Any) -> Any:
         state: FrameState | None = self.__dict__.get(_STATE_KEY)
         if state is None:
-            return original(self, *args, **kwargs)
+            # no subclass state traced here (a frame of dispatch code itself Dynamo compiles):
+            # the AOTAutograd layer may still refuse (See _run_frame_eagerly)
+            try:
+                return original(self, *args, **kwargs)
+            except torch._dynamo.exc.BackendCompilerFailed as e:
+                refusal = _refusal_in(e)
+                if refusal is None or getattr(self.root_tx, "one_graph", False) or getattr(self.root_tx, "error_on_graph_break", False):
+                    raise
+                _run_frame_eagerly(self.root_tx, refusal)
         state.close()
         state.write_nested_on_entry_objects()
         if state.record.recorded:
