@@ -71,11 +71,7 @@ class DividesByStep(Weight):
         return out / w.step
 
 
-class BranchesOnStep(Weight):
-    @staticmethod
-    def forward_op(w):
-        w.step += 1
-
+class BranchesOnStep(DividesByStep):
     @staticmethod
     def backward_op(w, out):
         return out * 0.5 if w.step % 2 == 0 else out
@@ -85,25 +81,20 @@ class DividesByAmax(Weight):
     """The forward records a tensor under the name of a Tensor method (``amax``); the backward
     scales by it."""
 
-    @staticmethod
-    def forward_op(w):
-        w.step += 1
-        w.amax = w.elem.abs().max() * w.step
+    NAME = "amax"
 
-    @staticmethod
-    def backward_op(w, out):
-        return out / w.amax
+    @classmethod
+    def forward_op(cls, w):
+        w.step += 1
+        setattr(w, cls.NAME, w.elem.abs().max() * w.step)
+
+    @classmethod
+    def backward_op(cls, w, out):
+        return out / getattr(w, cls.NAME)
 
 
 class DividesByRecorded(DividesByAmax):
-    @staticmethod
-    def forward_op(w):
-        w.step += 1
-        w.fwd_amax = w.elem.abs().max() * w.step
-
-    @staticmethod
-    def backward_op(w, out):
-        return out / w.fwd_amax
+    NAME = "fwd_amax"
 
 
 def fn(x, w):
