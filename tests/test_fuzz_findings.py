@@ -358,10 +358,11 @@ FOUND = [
         "amic=True,batch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
         "aot_eager",
     ),
-    # OPEN (xfail, not strict: other torch releases may not show it): a ctx float dispatch flips twice per op (0 -> 0.0 -> -0.0) under dynamic=True, with
-    # the graph break right after the op: Dynamo compiles dispatch's own code as a frame and
-    # the compiled input ends with 0.0 where eager has -0.0 (stock aot_eager too, which also
-    # leaks a SymInt into the output's ctx first)
+    # OPEN (an xfail, not strict: other torch releases may not show it): a ctx float dispatch
+    # flips twice per op (0 -> 0.0 -> -0.0) under dynamic=True, with the graph break right
+    # after the op: Dynamo compiles dispatch's own code as a frame and the compiled input ends
+    # with 0.0 where eager has -0.0 (stock aot_eager too, which also leaks a SymInt into the
+    # output's ctx first)
     pytest.param(
         "Spec(writes=(Write(op='add',kind='equal_value',attr='a',in_ctx=True,grows_flatten=False), Write(op='"
         "add',kind='equal_value',attr='a',in_ctx=True,grows_flatten=False)),ctor=(),unflatten=None,getattr_k"
@@ -370,7 +371,7 @@ FOUND = [
         "Program(n_inputs=1,steps=(('add', 0, 0),),break_after=0,requires_grad=False,calls=2,dynamic=True,bat"
         "ch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
         "aot_eager",
-        marks=pytest.mark.xfail(strict=False, reason="open: the sign of a ctx zero where Dynamo compiles dispatch code"),
+        marks=pytest.mark.xfail(strict=False, reason="open: a ctx zero's sign where Dynamo compiles dispatch code"),
     ),
 ]
 
