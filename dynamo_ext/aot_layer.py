@@ -116,13 +116,14 @@ class Planner:
         self.joint_graph: Any = None  # the traced forward+backward, for its scalars
         # what the latest pass wrote on its inputs' instances: (id(instance), name) -> value
         self.forward_values: dict[tuple[int, str], Any] = {}
-        # names the traced backward read that the forward did not write, checked again when
-        # the compiled backward runs: (index, path, name) -> "value" | "identity"
+        # names the traced backward read, checked again when the compiled backward runs:
+        # (index, path, name) -> how (See WritePlan.backward_checks)
         self.backward_checks: dict[tuple, Any] = {}
         self.backward_guards: list[tuple] = []  # See _install_backward_guard
         # names the traced backward read as the forward wrote them: key -> (real holder, value)
         self.forward_reads: dict[tuple, tuple[Any, Any]] = {}
         self.outputs: Sequence[Any] = ()  # the latest pass's outputs (Dynamo's graph outputs)
+        self._written: dict[tuple[int, str], Write] = {}  # the latest pass's writes, by object
         # AOTAutogradCache (aot_cache.py): called with the frozen plan; returns what the
         # compiled function must keep alive (a save still to come), or None.
         self.on_frozen: Callable[[WritePlan], Any] | None = None
