@@ -380,6 +380,18 @@ def test_a_value_the_backward_makes_from_its_counter(kind, fullgraph):
     forward is guarded on it (recompiling where it would decide otherwise), never replayed
     stale nor refused when the backward runs."""
     cls = type(f"Tags_{kind}", (TagsInBackward,), {"KIND": kind})
+
+    def same_tags(call, xe, xc):
+        assert (xc.bwd, xc.tag) == (xe.bwd, xe.tag) == (call + 1, xe.tag), f"call {call}"
+
+    counter = _backward_side_by_side(cls, fullgraph, same_tags)
+    assert counter.frame_count == (2 if kind == "branch" else 4)
+
+
+def _backward_side_by_side(cls, fullgraph, check):
+    """Four forward+backward calls of ``(x.sin() * w).sum()``, eager and compiled (aot_eager)
+    on equal, separate ``cls`` inputs: ``check(call, xe, xc)`` and equal gradients after
+    each. Returns the compile counter."""
     torch._dynamo.reset()
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
 
@@ -392,10 +404,10 @@ def test_a_value_the_backward_makes_from_its_counter(kind, fullgraph):
     for call in range(4):
         fn(xe, w).backward()
         compiled(xc, w).backward()
-        assert (xc.bwd, xc.tag) == (xe.bwd, xe.tag) == (call + 1, xe.tag), f"call {call}"
-        torch.testing.assert_close(xc.grad.elem, xe.grad.elem)
+        check(call, xe, xc)
+        torch.testing.assert_close(xc.grad.elem, xe.grad.elem, msg=lambda m: f"call {call}: {m}")
         xe.grad = xc.grad = None
-    assert counter.frame_count == (2 if kind == "branch" else 4)
+    return counter
 
 
 class ScalesGradientByCount(S.WritingTensor):
@@ -415,18 +427,8 @@ class ScalesGradientByCount(S.WritingTensor):
 def test_a_backward_count_used_as_a_scalar_of_a_tensor_op():
     """The traced backward bakes the count into its graph: the forward is guarded on it (a
     compile per count), where the gradient used to keep the first count."""
-    torch._dynamo.reset()
-    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
 
-    def fn(x, w):
-        return (x.sin() * w).sum()
+    def same_count(call, xe, xc):
+        assert xc.bwd == xe.bwd == call + 1, f"call {call}"
 
-    compiled = torch.compile(fn, backend=counter, fullgraph=False)
-    w = torch.arange(4.0)
-    xe, xc = ScalesGradientByCount(torch.arange(4.0), requires_grad=True), ScalesGradientByCount(torch.arange(4.0), requires_grad=True)
-    for call in range(4):
-        fn(xe, w).backward()
-        compiled(xc, w).backward()
-        assert xc.bwd == xe.bwd == call + 1
-        torch.testing.assert_close(xc.grad.elem, xe.grad.elem, msg=lambda m: f"call {call}: {m}")
-        xe.grad = xc.grad = None
+    _backward_side_by_side(ScalesGradientByCount, False, same_count)
