@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import enum
 import functools
-import math
 from typing import Any, Callable
 
 import torch
@@ -65,10 +64,7 @@ _EQUALS_GUARDABLE = (
 def constant(source: Any, value: Any) -> None:
     """Guard that the real attribute still equals the constant the trace used."""
     if type(value) in _EQUALS_GUARDABLE and not _holds_unguardable(value):
-        guard(source, "EQUALS_MATCH")
-        if type(value) is float and value == 0.0:  # == does not tell -0.0 from 0.0; eager's arithmetic does
-            sign = math.copysign(1.0, value)
-            lambda_(source, lambda x: math.copysign(1.0, x) == sign, f"has the sign of {value!r}")
+        guard(source, "EQUALS_MATCH")  # a float zero's sign too (See Note [The sign of a float zero])
     elif isinstance(value, enum.Enum):
         guard(source, "ID_MATCH")
     else:  # a frozen dataclass, a dict of constants, ...: compared by ==

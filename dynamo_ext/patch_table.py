@@ -11,7 +11,7 @@ aot_function``) still goes through them.
 
 from __future__ import annotations
 
-from . import aot_cache, aot_layer, dtensor, dynamo_layer, writeback
+from . import aot_cache, aot_layer, dtensor, dynamo_layer, writeback, zero_sign
 from ._patches import Patch
 
 #: Every change dynamo_ext makes to torch.
@@ -47,6 +47,21 @@ TABLE: list[Patch] = [
         dynamo_layer.make_metadata_guard_hook,
         why="A counter in a subclass's flatten ctx that became a symbolic input must not be "
         "specialized again by the ctx guard (See Note [Symbolic ints in a flatten ctx]).",
+    ),
+    Patch(
+        "torch._dynamo.guards:GuardBuilder",
+        "EQUALS_MATCH",
+        zero_sign.make_equals_guard_hook,
+        why="A float zero's sign is guarded beside ==, which does not tell -0.0 from 0.0 "
+        "(See Note [The sign of a float zero]); torch 2.15 compares the bits itself.",
+        versions=((2, 13), (2, 14)),
+    ),
+    Patch(
+        "torch._dynamo.variables.builder:VariableBuilder",
+        "wrap_symfloat",
+        zero_sign.make_wrap_symfloat_hook,
+        why="An unspecialized float zero becomes a sympy zero, which has no sign: float zeros "
+        "are specialized (See Note [The sign of a float zero]).",
     ),
     Patch(
         "torch._functorch.aot_autograd",

@@ -358,11 +358,10 @@ FOUND = [
         "amic=True,batch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
         "aot_eager",
     ),
-    # OPEN (an xfail, not strict: other torch releases may not show it): a ctx float dispatch
-    # flips twice per op (0 -> 0.0 -> -0.0) under dynamic=True, with the graph break right
-    # after the op: Dynamo compiles dispatch's own code as a frame and the compiled input ends
-    # with 0.0 where eager has -0.0 (stock aot_eager too, which also leaks a SymInt into the
-    # output's ctx first)
+    # A ctx float dispatch flips twice per op (0 -> 0.0 -> -0.0) under dynamic=True, with
+    # the graph break in the op loop: Dynamo compiles dispatch's own code as a frame, where
+    # its unspecialized float became a sympy zero with no sign (stock too, plain objects
+    # too). See Note [The sign of a float zero]
     pytest.param(
         "Spec(writes=(Write(op='add',kind='equal_value',attr='a',in_ctx=True,grows_flatten=False), Write(op='"
         "add',kind='equal_value',attr='a',in_ctx=True,grows_flatten=False)),ctor=(),unflatten=None,getattr_k"
@@ -371,7 +370,6 @@ FOUND = [
         "Program(n_inputs=1,steps=(('add', 0, 0),),break_after=0,requires_grad=False,calls=2,dynamic=True,bat"
         "ch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
         "aot_eager",
-        marks=pytest.mark.xfail(strict=False, reason="open: a ctx zero's sign where Dynamo compiles dispatch code"),
     ),
 ]
 

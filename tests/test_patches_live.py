@@ -29,6 +29,14 @@ def _writes_and_guards():
     out.sum().backward()
 
 
+def _float_zero():
+    class Box:
+        a = 0.0
+
+    # an unspecialized float (dynamic=True) that is a zero: specialized, its sign guarded
+    torch.compile(lambda t, b: t * b.a, backend="eager", dynamic=True)(torch.ones(2), Box())
+
+
 def _cache_save_and_load():
     from torch._inductor.utils import fresh_cache
 
@@ -81,7 +89,7 @@ def _partial_dtensor_requiring_grad():
         dist.destroy_process_group()
 
 
-SCENARIOS = [_writes_and_guards, _cache_save_and_load, _aot_function, _export, _input_mutations]
+SCENARIOS = [_writes_and_guards, _float_zero, _cache_save_and_load, _aot_function, _export, _input_mutations]
 if _compat.HAS_DISTRIBUTED:
     SCENARIOS.append(_partial_dtensor_requiring_grad)
 
