@@ -98,8 +98,9 @@ def test_fuzz_matches_eager_or_refuses(backend, case):
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Some programs diverge from eager in stock torch.compile itself, writes or not: Dynamo
 # compiles a subclass's dispatch code as its own frame after a graph break inside a loop
-# of a nested frame (user ``__getattr__`` answers lost there, a ctx int left a SymInt),
-# guards a user's floats with ``==`` (code compiled for 0.0 reused for -0.0). An example
+# of a nested frame (user ``__getattr__`` answers lost there, a ctx int left a SymInt).
+# (The sign of a float zero, which stock loses there too, dynamo_ext keeps: See Note [The
+# sign of a float zero].) An example
 # that fails is run again with dynamo_ext disabled, on its backend and on the other one:
 # if stock torch fails with the same message (or both leave a trace's SymInt in an output's
 # ctx, where stock's first symptom may be another ctx of that output) it is attributed to torch (listed in STOCK_DIVERGENCES, reported by hypothesis' statistics);
