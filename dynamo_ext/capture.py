@@ -763,7 +763,78 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
             scope.track(obj, obj).born = True
 
         hooks["__init__"] = __init__
+    dispatch = _user_dispatch(cls)
+    if dispatch is not None:
+
+        def __torch_dispatch__(klass: type, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if getattr(_local, "scope", None) is not None:
+                args, kwargs = as_eager_passes(func, args, kwargs)
+            return dispatch.__get__(None, klass)(func, types, args, kwargs)
+
+        hooks["__torch_dispatch__"] = classmethod(__torch_dispatch__)
     return hooks
+
+
+def _user_dispatch(cls: type) -> Any:
+    """The user's own ``__torch_dispatch__`` classmethod ``cls`` runs, unhooked (None for
+    torch's, or one that is not a classmethod)."""
+    for klass in cls.__mro__:
+        value = _patches.original_attribute(klass, "__torch_dispatch__")
+        if value is not MISSING:
+            if not isinstance(value, classmethod) or klass.__module__.startswith("torch"):
+                return None
+            return value
+    return None
+
+
+# Note [Numbers dispatch is given]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# In eager, dispatch gets a Python number where the caller passed one (``w * k``,
+# ``torch.add(x, y, alpha=a)``), and no keyword argument at all where its value is the
+# schema's default (``alpha=1``). While traced, a number Dynamo made dynamic
+# (``dynamic=True``, or after it changed) arrives as a SymInt or SymFloat: code that
+# branches on ``isinstance(other, (int, float))`` or on ``"alpha" in kwargs`` would take
+# the other branch. Numbers in number and tensor positions of the schema are given to
+# dispatch as their value, guarded (the graph is specialized on them, as for text made
+# from a size, and recompiles when they change), and a keyword argument equal to its
+# default is left out as torch leaves it out. Sizes and indices (``SymInt`` positions:
+# ``x[:n]``, ``narrow``) stay symbolic, so shapes stay dynamic.
+
+_NUMBER_TYPES = frozenset({
+    "number", "Optional[number]", "Tensor", "Optional[Tensor]", "float", "Optional[float]",
+    "bool", "Optional[bool]", "complex", "Optional[complex]",
+})
+_SYMBOLIC_NUMBERS = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def as_eager_passes(func: Any, args: Any, kwargs: Any) -> tuple[Any, Any]:
+    """``args`` and ``kwargs`` as eager passes them to dispatch (See Note [Numbers dispatch
+    is given])."""
+    if not any(isinstance(a, _SYMBOLIC_NUMBERS) for a in args) and not (
+        kwargs and any(isinstance(v, _SYMBOLIC_NUMBERS) for v in kwargs.values())
+    ):
+        return args, kwargs
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return args, kwargs
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    by_name = {a.name: a for a in schema.arguments}
+    new_args = list(args)
+    for i, value in enumerate(args):
+        if isinstance(value, _SYMBOLIC_NUMBERS) and i < len(positional) and str(positional[i].type) in _NUMBER_TYPES:
+            new_args[i] = _concrete(value)
+    new_kwargs = dict(kwargs or {})
+    for name, value in list(new_kwargs.items()):
+        arg = by_name.get(name)
+        if not isinstance(value, _SYMBOLIC_NUMBERS) or arg is None or str(arg.type) not in _NUMBER_TYPES:
+            continue
+        value = _concrete(value)
+        default = arg.default_value
+        if arg.kwarg_only and type(default) is type(value) and default == value:
+            del new_kwargs[name]  # torch leaves out a keyword argument equal to its default
+        else:
+            new_kwargs[name] = value
+    return tuple(new_args), new_kwargs
 
 
 # --------------------------------------------------------------------------- #

@@ -55,6 +55,7 @@ from .values import (
     is_code_object,
     is_immutable_constant,
     refusal_for,
+    symbolic_constant,
     trace_copy,
 )
 
@@ -508,6 +509,8 @@ class FrameState:
                 )
             if kind is ValueKind.CONSTANT:
                 value_vt = _constant_vt(tx, w.value)
+            elif symbolic_constant(w.value) is not MISSING:  # ``nan * s0``: nan, a constant
+                value_vt = _constant_vt(tx, symbolic_constant(w.value))
             else:  # a tensor or a symbolic value
                 value_vt = self._graph_value_vt(t, ref, w)
             where = ref.source.name if ref.source is not None else f"<intermediate {t.cls_name}>"
@@ -883,7 +886,10 @@ def _propagate(
         for t in tracked:
             state.collector.add_class(type(t.obj))
             state.watch.add_class(type(t.obj))
-        state.guard_free_reads()  # objects the classes' code reaches are tracked before it runs
+        try:
+            state.guard_free_reads()  # objects the classes' code reaches are tracked before it runs
+        except _Refused as bad:
+            _graph_break(*bad.args_)
         while True:
             checkpoint = _Checkpoint(scope)
             try:
@@ -902,7 +908,10 @@ def _propagate(
                     continue
             except _NeedsSeed as need:
                 checkpoint.rollback()
-                state.seed_tensor(need.tracked, need.name)
+                try:
+                    state.seed_tensor(need.tracked, need.name)
+                except _Refused as bad:  # a tensor read it cannot seed (inside a higher-order op body)
+                    _graph_break(*bad.args_)
                 continue
             except _Refused as bad:
                 checkpoint.rollback()

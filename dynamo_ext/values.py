@@ -117,6 +117,23 @@ def contains_tensor(value: Any) -> bool:
     return False
 
 
+def symbolic_constant(value: Any) -> Any:
+    """A SymInt/SymFloat/SymBool whose expression is a number, whatever the symbols are
+    (``nan * s0`` is nan): its Python value; ``MISSING`` for anything else. Dynamo cannot
+    make a graph value of a symbolic nan (its example-value check compares with ``!=``)."""
+    if not isinstance(value, SYMBOLIC_TYPES):
+        return MISSING
+    expr = getattr(value.node, "expr", None)  # a nested int's node has none
+    if not getattr(expr, "is_number", False):
+        return MISSING
+    try:
+        if isinstance(value, torch.SymBool):
+            return bool(expr)
+        return int(expr) if isinstance(value, torch.SymInt) else float(expr)
+    except (TypeError, ValueError):
+        return MISSING
+
+
 def contains_symbolic(value: Any) -> bool:
     """A SymInt/SymFloat/SymBool anywhere inside (a ``torch.Size`` of SymInts, say)."""
     if isinstance(value, SYMBOLIC_TYPES):
@@ -176,7 +193,9 @@ def classify(value: Any) -> ValueKind:
         return ValueKind.TENSOR
     if contains_symbolic(value):
         if isinstance(value, SYMBOLIC_TYPES) or (
-            isinstance(value, tuple) and all(isinstance(v, SYMBOLIC_TYPES) or is_immutable_constant(v) for v in value)
+            # a tuple or torch.Size; a namedtuple is rebuilt from fields, not from a list
+            type(value) in (tuple, torch.Size)
+            and all(isinstance(v, SYMBOLIC_TYPES) or is_immutable_constant(v) for v in value)
         ):
             return ValueKind.SYMBOLIC
         return ValueKind.OPAQUE  # a container of SymInts the graph cannot return as such
