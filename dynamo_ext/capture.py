@@ -460,6 +460,10 @@ class Scope:
         #: once the trace is over (See Note [Symbolic text in the traced backward]); None:
         #: guarded at once.
         self.deferred_guards: list[Any] | None = None
+        #: Dispatch was given a number made from a size, left symbolic; ``numbers_from_sizes``:
+        #: give those as their values too (See Note [Numbers dispatch is given])
+        self.gave_size_numbers = False
+        self.numbers_from_sizes = False
 
     # -- tracking -----------------------------------------------------------
 
@@ -794,17 +798,44 @@ def _user_dispatch(cls: type) -> Any:
 # schema's default (``alpha=1``). While traced, a number Dynamo made dynamic
 # (``dynamic=True``, or after it changed) arrives as a SymInt or SymFloat: code that
 # branches on ``isinstance(other, (int, float))`` or on ``"alpha" in kwargs`` would take
-# the other branch. Numbers in number and tensor positions of the schema are given to
-# dispatch as their value, guarded (the graph is specialized on them, as for text made
-# from a size, and recompiles when they change), and a keyword argument equal to its
-# default is left out as torch leaves it out. Sizes and indices (``SymInt`` positions:
-# ``x[:n]``, ``narrow``) stay symbolic, so shapes stay dynamic.
+# the other branch. Numbers made from the user's numbers, in number and tensor positions
+# of the schema, are given to dispatch as their value, guarded (the graph is specialized on
+# them, as for text made from a size, and recompiles when they change), and a keyword
+# argument equal to its default is left out as torch leaves it out. Numbers made from sizes
+# (``x * x.shape[0]``) stay symbolic so shapes stay dynamic, unless the op's dispatch writes
+# state: the Dynamo layer then traces the op again with them given as values too (a
+# recompile per size for that program). Sizes and indices (``SymInt`` positions: ``x[:n]``,
+# ``narrow``) stay symbolic: there dispatch sees a SymInt where eager sees an int.
 
 _NUMBER_TYPES = frozenset({
     "number", "Optional[number]", "Tensor", "Optional[Tensor]", "float", "Optional[float]",
     "bool", "Optional[bool]", "complex", "Optional[complex]",
 })
 _SYMBOLIC_NUMBERS = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _a_users_number(value: Any) -> bool:
+    """A symbolic number to give dispatch as its value: made from numbers the user passed
+    (``k``, ``lr``); made from a size (``x.shape[0] * k``) only where the scope asks for it
+    (the op's dispatch wrote state); never one made from a tensor's data (an unbacked
+    ``.item()``, which has no value to guard)."""
+    if not isinstance(value, _SYMBOLIC_NUMBERS):
+        return False
+    node = value.node
+    env = getattr(node, "shape_env", None)
+    expr = getattr(node, "expr", None)
+    if env is None or expr is None or node.hint is None:
+        return False
+    from torch._dynamo.source import TensorPropertySource
+
+    sources = env.var_to_sources
+    if any(isinstance(src, TensorPropertySource) for sym in expr.free_symbols for src in sources.get(sym, ())):
+        scope = getattr(_local, "scope", None)
+        if scope is None or not scope.numbers_from_sizes:
+            if scope is not None:
+                scope.gave_size_numbers = True
+            return False
+    return True
 
 
 def as_eager_passes(func: Any, args: Any, kwargs: Any) -> tuple[Any, Any]:
@@ -821,12 +852,12 @@ def as_eager_passes(func: Any, args: Any, kwargs: Any) -> tuple[Any, Any]:
     by_name = {a.name: a for a in schema.arguments}
     new_args = list(args)
     for i, value in enumerate(args):
-        if isinstance(value, _SYMBOLIC_NUMBERS) and i < len(positional) and str(positional[i].type) in _NUMBER_TYPES:
+        if i < len(positional) and str(positional[i].type) in _NUMBER_TYPES and _a_users_number(value):
             new_args[i] = _concrete(value)
     new_kwargs = dict(kwargs or {})
     for name, value in list(new_kwargs.items()):
         arg = by_name.get(name)
-        if not isinstance(value, _SYMBOLIC_NUMBERS) or arg is None or str(arg.type) not in _NUMBER_TYPES:
+        if arg is None or str(arg.type) not in _NUMBER_TYPES or not _a_users_number(value):
             continue
         value = _concrete(value)
         default = arg.default_value

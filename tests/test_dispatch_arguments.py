@@ -254,3 +254,38 @@ def test_a_namedtuple_holding_a_symbolic_count(backend):
         assert_same_outputs(matmul(torch.ones(2, 2), e), compiled(torch.ones(2, 2), c))
         assert_same_state(e, c)
         assert type(c.info) is Step and type(c.info.step) is int
+
+
+def times_rows(b, x):
+    return b * x.shape[0]
+
+
+def plus_rows(b, x):
+    return b + x.shape[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_number_made_from_a_size_stays_symbolic_where_dispatch_writes_nothing(backend):
+    """``b + x.shape[0]``: dispatch writes nothing for it, so the size stays symbolic and new
+    sizes do not recompile."""
+    counter = CompileCounterWithBackend(backend)
+    compiled = torch.compile(plus_rows, backend=counter, fullgraph=True, dynamic=True)
+    for n in (3, 4, 5, 6):
+        e, c = Recorder(torch.ones(7)), Recorder(torch.ones(7))  # not a size n has (duck sizing)
+        assert_same_outputs(plus_rows(e, torch.ones(n)), compiled(c, torch.ones(n)))
+        assert_same_state(e, c)
+    assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_number_made_from_a_size_is_a_number_where_dispatch_writes(backend):
+    """``b * x.shape[0]``: dispatch counts scalar operands, so it is given the size's value
+    (eager's int) and the program compiles per size."""
+    counter = CompileCounterWithBackend(backend)
+    compiled = torch.compile(times_rows, backend=counter, fullgraph=True, dynamic=True)
+    e, c = Recorder(torch.ones(7)), Recorder(torch.ones(7))
+    for n in (3, 4, 3, 5):
+        assert_same_outputs(times_rows(e, torch.ones(n)), compiled(c, torch.ones(n)))
+        assert_same_state(e, c, f"rows {n}")
+        assert type(c.last_scalar) is int
+    assert counter.frame_count == 3
