@@ -460,10 +460,6 @@ class Scope:
         #: once the trace is over (See Note [Symbolic text in the traced backward]); None:
         #: guarded at once.
         self.deferred_guards: list[Any] | None = None
-        #: Dispatch was given a number made from a size, left symbolic; ``numbers_from_sizes``:
-        #: give those as their values too (See Note [Numbers dispatch is given])
-        self.gave_size_numbers = False
-        self.numbers_from_sizes = False
 
     # -- tracking -----------------------------------------------------------
 
@@ -798,14 +794,14 @@ def _user_dispatch(cls: type) -> Any:
 # schema's default (``alpha=1``). While traced, a number Dynamo made dynamic
 # (``dynamic=True``, or after it changed) arrives as a SymInt or SymFloat: code that
 # branches on ``isinstance(other, (int, float))`` or on ``"alpha" in kwargs`` would take
-# the other branch. Numbers made from the user's numbers, in number and tensor positions
-# of the schema, are given to dispatch as their value, guarded (the graph is specialized on
-# them, as for text made from a size, and recompiles when they change), and a keyword
-# argument equal to its default is left out as torch leaves it out. Numbers made from sizes
-# (``x * x.shape[0]``) stay symbolic so shapes stay dynamic, unless the op's dispatch writes
-# state: the Dynamo layer then traces the op again with them given as values too (a
-# recompile per size for that program). Sizes and indices (``SymInt`` positions: ``x[:n]``,
-# ``narrow``) stay symbolic: there dispatch sees a SymInt where eager sees an int.
+# the other branch. Numbers in number and tensor positions of the schema are given to
+# dispatch as their value, guarded (the graph is specialized on them, as for text made from
+# a size, and recompiles when they change: a learning rate that changes every step is best
+# passed as a tensor, as for compiled optimizers), and a keyword argument, or a trailing
+# positional one, equal to its default is left out as torch leaves it out. Numbers made from sizes (``x / x.shape[-1]``) are numbers too: that op compiles
+# per size. Sizes and indices (``SymInt`` positions: ``x[:n]``, ``narrow``) stay symbolic,
+# so shapes stay dynamic: there dispatch sees a SymInt where eager sees an int. A number
+# made from a tensor's data (unbacked, ``.item()``) has no value to give and stays symbolic.
 
 _NUMBER_TYPES = frozenset({
     "number", "Optional[number]", "Tensor", "Optional[Tensor]", "float", "Optional[float]",
@@ -814,28 +810,11 @@ _NUMBER_TYPES = frozenset({
 _SYMBOLIC_NUMBERS = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-def _a_users_number(value: Any) -> bool:
-    """A symbolic number to give dispatch as its value: made from numbers the user passed
-    (``k``, ``lr``); made from a size (``x.shape[0] * k``) only where the scope asks for it
-    (the op's dispatch wrote state); never one made from a tensor's data (an unbacked
-    ``.item()``, which has no value to guard)."""
-    if not isinstance(value, _SYMBOLIC_NUMBERS):
-        return False
-    node = value.node
-    env = getattr(node, "shape_env", None)
-    expr = getattr(node, "expr", None)
-    if env is None or expr is None or node.hint is None:
-        return False
-    from torch._dynamo.source import TensorPropertySource
-
-    sources = env.var_to_sources
-    if any(isinstance(src, TensorPropertySource) for sym in expr.free_symbols for src in sources.get(sym, ())):
-        scope = getattr(_local, "scope", None)
-        if scope is None or not scope.numbers_from_sizes:
-            if scope is not None:
-                scope.gave_size_numbers = True
-            return False
-    return True
+def _has_a_value(value: Any) -> bool:
+    """A symbolic number with a value to give dispatch and guard (not an unbacked one made
+    from a tensor's data, ``.item()``)."""
+    node = getattr(value, "node", None) if isinstance(value, _SYMBOLIC_NUMBERS) else None
+    return node is not None and getattr(node, "expr", None) is not None and node.hint is not None
 
 
 def as_eager_passes(func: Any, args: Any, kwargs: Any) -> tuple[Any, Any]:
@@ -851,21 +830,31 @@ def as_eager_passes(func: Any, args: Any, kwargs: Any) -> tuple[Any, Any]:
     positional = [a for a in schema.arguments if not a.kwarg_only]
     by_name = {a.name: a for a in schema.arguments}
     new_args = list(args)
+    given: set[int] = set()
     for i, value in enumerate(args):
-        if i < len(positional) and str(positional[i].type) in _NUMBER_TYPES and _a_users_number(value):
+        if i < len(positional) and str(positional[i].type) in _NUMBER_TYPES and _has_a_value(value):
             new_args[i] = _concrete(value)
+            given.add(i)
+    # torch leaves out trailing positional arguments equal to their defaults
+    while new_args and len(new_args) - 1 in given and _is_default(positional[len(new_args) - 1], new_args[-1]):
+        new_args.pop()
     new_kwargs = dict(kwargs or {})
     for name, value in list(new_kwargs.items()):
         arg = by_name.get(name)
-        if arg is None or str(arg.type) not in _NUMBER_TYPES or not _a_users_number(value):
+        if arg is None or str(arg.type) not in _NUMBER_TYPES or not _has_a_value(value):
             continue
         value = _concrete(value)
-        default = arg.default_value
-        if arg.kwarg_only and type(default) is type(value) and default == value:
+        if arg.kwarg_only and _is_default(arg, value):
             del new_kwargs[name]  # torch leaves out a keyword argument equal to its default
         else:
             new_kwargs[name] = value
     return tuple(new_args), new_kwargs
+
+
+def _is_default(arg: Any, value: Any) -> bool:
+    """Equal to the schema's default as torch compares them (an int 1 is not a float 1.0)."""
+    default = arg.default_value
+    return arg.has_default_value() and type(default) is type(value) and default == value
 
 
 # --------------------------------------------------------------------------- #

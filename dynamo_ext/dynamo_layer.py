@@ -896,12 +896,6 @@ def _propagate(
                 with scope.active(), state.watch.watching() as changes:
                     result = original(node, tx, allow)
                 writes = scope.settle()
-                if writes and scope.gave_size_numbers and not scope.numbers_from_sizes:
-                    # dispatch wrote state after it was given a number made from a size as
-                    # a SymInt: again, given its value (See Note [Numbers dispatch is given])
-                    checkpoint.rollback()
-                    scope.numbers_from_sizes = True
-                    continue
                 if changes:
                     change = changes[0]
                     raise _Refused(
@@ -942,7 +936,6 @@ def _propagate(
             _graph_break(*bad.args_)
         return result
     finally:
-        scope.gave_size_numbers = scope.numbers_from_sizes = False
         state._node = None
         state.collector.forget_frame()  # a finished frame keeps its locals (fakes) alive
 

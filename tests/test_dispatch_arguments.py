@@ -265,27 +265,72 @@ def plus_rows(b, x):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_number_made_from_a_size_stays_symbolic_where_dispatch_writes_nothing(backend):
-    """``b + x.shape[0]``: dispatch writes nothing for it, so the size stays symbolic and new
-    sizes do not recompile."""
-    counter = CompileCounterWithBackend(backend)
-    compiled = torch.compile(plus_rows, backend=counter, fullgraph=True, dynamic=True)
-    for n in (3, 4, 5, 6):
-        e, c = Recorder(torch.ones(7)), Recorder(torch.ones(7))  # not a size n has (duck sizing)
-        assert_same_outputs(plus_rows(e, torch.ones(n)), compiled(c, torch.ones(n)))
-        assert_same_state(e, c)
-    assert counter.frame_count == 1
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_number_made_from_a_size_is_a_number_where_dispatch_writes(backend):
-    """``b * x.shape[0]``: dispatch counts scalar operands, so it is given the size's value
-    (eager's int) and the program compiles per size."""
+def test_a_number_made_from_a_size_is_a_number(backend):
+    """``b * x.shape[0]``: dispatch counts scalar operands (``isinstance(other, (int, float))``),
+    so it is given the size's value, eager's int, and that program compiles per size."""
     counter = CompileCounterWithBackend(backend)
     compiled = torch.compile(times_rows, backend=counter, fullgraph=True, dynamic=True)
-    e, c = Recorder(torch.ones(7)), Recorder(torch.ones(7))
+    e, c = Recorder(torch.ones(7)), Recorder(torch.ones(7))  # not a size n has (duck sizing)
     for n in (3, 4, 3, 5):
         assert_same_outputs(times_rows(e, torch.ones(n)), compiled(c, torch.ones(n)))
         assert_same_state(e, c, f"rows {n}")
         assert type(c.last_scalar) is int
     assert counter.frame_count == 3
+
+
+def sliced_and_scaled(b, x):
+    return b[: x.shape[0]] * 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_slice_by_a_size_stays_dynamic(backend):
+    """A size in a SymInt position (a slice end) stays symbolic: one compile for all sizes."""
+    counter = CompileCounterWithBackend(backend)
+    compiled = torch.compile(sliced_and_scaled, backend=counter, fullgraph=True, dynamic=True)
+    e, c = Recorder(torch.ones(9)), Recorder(torch.ones(9))
+    for n in (3, 4, 5, 6):
+        assert_same_outputs(sliced_and_scaled(e, torch.ones(n)), compiled(c, torch.ones(n)))
+        assert_same_state(e, c, f"rows {n}")
+    assert counter.frame_count == 1
+
+
+class Activations(torch.Tensor):
+    """Records the arguments its activations were called with."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
+
+    def __init__(self, elem):
+        self.elem = elem
+        self.calls = ()
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        return Activations(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        me = args[0]
+        numbers = tuple(a for a in args[1:] if isinstance(a, (int, float)))
+        me.calls = me.calls + ((func.__name__, len(args), numbers, tuple(sorted(kwargs or {}))),)
+        unwrapped = tree_map(lambda t: t.elem if isinstance(t, Activations) else t, (args, kwargs or {}))
+        return cls(func(*unwrapped[0], **unwrapped[1]))
+
+
+def activations(x, slope, lo, hi):
+    return torch.nn.functional.hardtanh(torch.nn.functional.leaky_relu(x, slope), lo, hi)
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_trailing_positional_argument_equal_to_its_default_is_left_out(backend, dynamic):
+    """``leaky_relu(x, 0.01)`` and ``hardtanh(x, -1, 1)`` reach eager's dispatch as ``(x,)``."""
+    compiled = torch.compile(activations, backend=backend, fullgraph=True, dynamic=dynamic)
+    for slope, lo, hi in [(0.01, -1, 1), (0.2, -2, 1), (0.01, -1, 2), (0.3, -1, 1)]:
+        e, c = Activations(torch.linspace(-3, 3, 7)), Activations(torch.linspace(-3, 3, 7))
+        assert_same_outputs(activations(e, slope, lo, hi), compiled(c, slope, lo, hi))
+        assert_same_state(e, c, f"{(slope, lo, hi)}")
