@@ -401,20 +401,20 @@ FOUND = [
     ),
     # OPEN (an xfail, silent): an inner subclass whose add bumps ``ops`` in its ctx, held
     # by the outer as ``cache``, which dispatch toggles between an alias of ``elem`` and a
-    # rounded copy; a growing flatten write, a user ``__getattr__`` read and a closure read
-    # in the same op, the closure changed before call 2, a graph break after the last op:
-    # from call 2 the compiled outputs' ``cache.ops`` is one behind eager's (also with the
-    # package of b55f6d4). Each of those features is needed. It reproduces only with some
-    # automatic-dynamic state Dynamo keeps across processes (``automatic_dynamic_local_pgo``,
-    # under the inductor cache directory): with a fresh state this case passes.
+    # rounded copy; growing flatten writes, user ``__getattr__`` and closure reads in the
+    # same op, closure changes between calls, a graph break after the last op: from call 2
+    # the compiled outputs' ``cache.ops`` is one behind eager's (also with the package of
+    # b55f6d4). Reproduces every run as given; smaller variants did not reliably.
     pytest.param(
-        "Spec(writes=(Write(op='add',kind='constant',attr='a',in_ctx=False,grows_flatten=True),),ctor=(),unfl"
-        "atten=None,getattr_kind='ctx_tuple',getattr_reads=(GetattrRead(op='add',name='scale',use='attr'),),e"
-        "xt_reads=(ExtRead(op='add',source='closure_var',use='attr'),),inner=Inner(ctx_op='add',dict_op=None,"
-        "dict_kind='counter'),inner_writes=(),alias='toggle',alias_op='add',alias_use=False)",
+        "Spec(writes=(Write(op='add',kind='constant',attr='a',in_ctx=False,grows_flatten=False),Write(op='add"
+        "',kind='constant',attr='a',in_ctx=False,grows_flatten=True)),ctor=(('a','tensor'),('b','cold')),unfl"
+        "atten=None,getattr_kind='ctx_tuple',getattr_reads=(GetattrRead(op='add',name='scale',use='attr'),Get"
+        "attrRead(op='add',name='scale',use='attr')),ext_reads=(ExtRead(op='add',source='closure_var',use='at"
+        "tr'),),inner=Inner(ctx_op='add',dict_op=None,dict_kind='counter'),inner_writes=(),alias='toggle',ali"
+        "as_op='add',alias_use=False)",
         "Program(n_inputs=1,steps=(('add', 0, 0), ('mul', 3, 3), ('mul', 3, 3)),break_after=2,requires_grad=F"
-        "alse,calls=3,dynamic=None,batch='same',changes=(),ext_changes=((1, 'closure_var', 0.5),),break_top=F"
-        "alse,reads_globals=False)",
+        "alse,calls=4,dynamic=None,batch='same',changes=(),ext_changes=((2, 'closure_dict', 2.0),(1, 'closure"
+        "_var', 0.5),(2, 'closure_var', 3.0)),break_top=False,reads_globals=False)",
         "aot_eager",
         marks=pytest.mark.xfail(strict=False, reason="open: an output's nested ctx count one behind eager"),
     ),
