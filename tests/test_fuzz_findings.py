@@ -404,7 +404,9 @@ FOUND = [
     # rounded copy; growing flatten writes, user ``__getattr__`` and closure reads in the
     # same op, closure changes between calls, a graph break after the last op: from call 2
     # the compiled outputs' ``cache.ops`` is one behind eager's (also with the package of
-    # b55f6d4). Reproduces every run as given; smaller variants did not reliably.
+    # b55f6d4). The graph break in the op loop makes Dynamo compile dispatch's own code as
+    # frames, where the user ``__getattr__`` read sits. Reproduces every run as given;
+    # smaller variants did not reliably.
     pytest.param(
         "Spec(writes=(Write(op='add',kind='constant',attr='a',in_ctx=False,grows_flatten=False),Write(op='add"
         "',kind='constant',attr='a',in_ctx=False,grows_flatten=True)),ctor=(('a','tensor'),('b','cold')),unfl"
