@@ -50,7 +50,15 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 from . import _patches
-from .values import MISSING, PLAIN_MUTABLE, contains_symbolic, contains_tensor, is_torch_internal, user_state
+from .values import (
+    MISSING,
+    PLAIN_MUTABLE,
+    SYMBOLIC_TYPES,
+    contains_symbolic,
+    contains_tensor,
+    is_torch_internal,
+    user_state,
+)
 
 _local = threading.local()
 
@@ -503,7 +511,7 @@ class Scope:
         handles = [
             _patches.CLASS_HOOKS.install(full, _make_hooks),
             _patches.VERSION_HOOKS.install(version, _make_version_hooks),
-            _patches.CLASS_HOOKS.install(_SYMBOLIC_CLASSES, _make_symbolic_hooks),
+            _patches.CLASS_HOOKS.install(SYMBOLIC_TYPES, _make_symbolic_hooks),
         ]
         _local.scope = self
         try:
@@ -798,30 +806,28 @@ def _user_dispatch(cls: type) -> Any:
 # dispatch as their value, guarded (the graph is specialized on them, as for text made from
 # a size, and recompiles when they change: a learning rate that changes every step is best
 # passed as a tensor, as for compiled optimizers), and a keyword argument, or a trailing
-# positional one, equal to its default is left out as torch leaves it out. Numbers made from sizes (``x / x.shape[-1]``) are numbers too: that op compiles
-# per size. Sizes and indices (``SymInt`` positions: ``x[:n]``, ``narrow``) stay symbolic,
-# so shapes stay dynamic: there dispatch sees a SymInt where eager sees an int. A number
-# made from a tensor's data (unbacked, ``.item()``) has no value to give and stays symbolic.
+# positional one, equal to its default is left out as torch leaves it out. Numbers made
+# from sizes (``x / x.shape[-1]``) are numbers too: that op compiles per size. Sizes and
+# indices (``SymInt`` positions: ``x[:n]``, ``narrow``) stay symbolic, so shapes stay
+# dynamic: there dispatch sees a SymInt where eager sees an int. A number made from a
+# tensor's data (unbacked, ``.item()``) has no value to give and stays symbolic.
 
 _NUMBER_TYPES = frozenset({
     "number", "Optional[number]", "Tensor", "Optional[Tensor]", "float", "Optional[float]",
     "bool", "Optional[bool]", "complex", "Optional[complex]",
 })
-_SYMBOLIC_NUMBERS = (torch.SymInt, torch.SymFloat, torch.SymBool)
-
-
 def _has_a_value(value: Any) -> bool:
     """A symbolic number with a value to give dispatch and guard (not an unbacked one made
     from a tensor's data, ``.item()``)."""
-    node = getattr(value, "node", None) if isinstance(value, _SYMBOLIC_NUMBERS) else None
+    node = getattr(value, "node", None) if isinstance(value, SYMBOLIC_TYPES) else None
     return node is not None and getattr(node, "expr", None) is not None and node.hint is not None
 
 
 def as_eager_passes(func: Any, args: Any, kwargs: Any) -> tuple[Any, Any]:
     """``args`` and ``kwargs`` as eager passes them to dispatch (See Note [Numbers dispatch
     is given])."""
-    if not any(isinstance(a, _SYMBOLIC_NUMBERS) for a in args) and not (
-        kwargs and any(isinstance(v, _SYMBOLIC_NUMBERS) for v in kwargs.values())
+    if not any(isinstance(a, SYMBOLIC_TYPES) for a in args) and not (
+        kwargs and any(isinstance(v, SYMBOLIC_TYPES) for v in kwargs.values())
     ):
         return args, kwargs
     schema = getattr(func, "_schema", None)
@@ -860,9 +866,6 @@ def _is_default(arg: Any, value: Any) -> bool:
 # --------------------------------------------------------------------------- #
 # Symbolic values turned into text by the traced code
 # --------------------------------------------------------------------------- #
-
-_SYMBOLIC_CLASSES = (torch.SymInt, torch.SymFloat, torch.SymBool)
-
 
 def _concrete(value: Any) -> Any:
     """The value a symbolic int/float/bool has in this trace, guarded: the compiled program

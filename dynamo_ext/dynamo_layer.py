@@ -507,10 +507,9 @@ class FrameState:
                     RefusalKind.OPAQUE_VALUE, t, w.name, type(w.value).__name__,
                     "the object written on has no variable Dynamo can replay a write on",
                 )
-            if kind is ValueKind.CONSTANT:
-                value_vt = _constant_vt(tx, w.value)
-            elif symbolic_constant(w.value) is not MISSING:  # ``nan * s0``: nan, a constant
-                value_vt = _constant_vt(tx, symbolic_constant(w.value))
+            constant = w.value if kind is ValueKind.CONSTANT else symbolic_constant(w.value)  # ``nan * s0``: nan
+            if constant is not MISSING:
+                value_vt = _constant_vt(tx, constant)
             else:  # a tensor or a symbolic value
                 value_vt = self._graph_value_vt(t, ref, w)
             where = ref.source.name if ref.source is not None else f"<intermediate {t.cls_name}>"
