@@ -420,6 +420,25 @@ FOUND = [
         "aot_eager",
         marks=pytest.mark.xfail(strict=False, reason="open: an output's nested ctx count one behind eager"),
     ),
+    # OPEN (an xfail, silent: gradients): ``__tensor_unflatten__`` sets ``scale = 0`` outside
+    # the ctx, ``__new__`` does not; dispatch multiplies mul's result by
+    # ``getattr(first, "scale", 1.0)``. In eager the gradients the backward's dispatch sees are
+    # made by dispatch (no ``scale``: 1.0); in the traced backward AOTAutograd builds them
+    # with ``__tensor_unflatten__`` (``scale`` 0), so the compiled input gradients differ
+    # (also with the package of b55f6d4).
+    pytest.param(
+        "Spec(writes=(Write(op='add',kind='constant',attr='a',in_ctx=True,grows_flatten=False),),ctor=(('a','"
+        "cold'),('b','cold')),unflatten=('scale','zero'),getattr_kind=None,getattr_reads=(GetattrRead(op='mul"
+        "',name='scale',use='output'),GetattrRead(op='add',name='scale',use='attr')),ext_reads=(ExtRead(op='a"
+        "dd',source='closure_var',use='attr'),ExtRead(op='add',source='closure_var',use='attr')),inner=Inner("
+        "ctx_op=None,dict_op=None,dict_kind='counter'),inner_writes=(InnerWrite(op='add',kind='counter',attr="
+        "'ops'),InnerWrite(op='add',kind='counter',attr='ops')),alias=None,alias_op='mul',alias_use=False)",
+        "Program(n_inputs=3,steps=(('add', 0, 0), ('mul', 0, 0)),break_after=None,requires_grad=True,calls=2,"
+        "dynamic=None,batch='same',changes=(),ext_changes=((1, 'closure_dict', 2.0), (1, 'closure_dict', 2.0)"
+        "),break_top=False,reads_globals=False)",
+        "aot_eager",
+        marks=pytest.mark.xfail(strict=False, reason="open: the traced backward's gradients are built by unflatten"),
+    ),
 ]
 
 
