@@ -1124,8 +1124,6 @@ def _zero_signs(ctx: Any, depth: int = 0) -> tuple:
 def _guard_zero_signs(builder: Any, guard: Any, value: Any) -> None:
     """Dynamo's ctx guard compares with ``==``, which does not tell -0.0 from 0.0; eager's
     arithmetic does (a ctx float a dispatch flips between them): their signs are guarded too."""
-    from torch._dynamo.guards import get_verbose_code_parts
-
     try:
         signs = _zero_signs(value.__tensor_flatten__()[1])
     except Exception:  # noqa: BLE001 - Dynamo's own guard reports a flatten that fails
@@ -1139,8 +1137,7 @@ def _guard_zero_signs(builder: Any, guard: Any, value: Any) -> None:
         except Exception:  # noqa: BLE001
             return False
 
-    code = f"{builder.arg_ref(guard)}.__tensor_flatten__() ctx zeros have signs {signs}"
-    builder.get_guard_manager(guard).add_lambda_guard(check, get_verbose_code_parts(code, guard), guard.user_stack)
+    guards.add_lambda(builder, guard, check, f"has flatten-ctx zeros with signs {signs}")
 
 
 def make_guard_deepcopy(original: Callable[..., Any]) -> Callable[..., Any]:

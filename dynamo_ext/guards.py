@@ -26,13 +26,17 @@ def guard(source: Any, kind: str, **kwargs: Any) -> None:
 
 def lambda_(source: Any, check: Callable[[Any], bool], text: str) -> None:
     """A guard with no GuardBuilder method of its own."""
-    from torch._dynamo.guards import get_verbose_code_parts, install_guard
+    from torch._dynamo.guards import install_guard
 
-    def create(builder: Any, guard: Any) -> None:
-        code = f"{builder.arg_ref(guard)} {text}"
-        builder.get_guard_manager(guard).add_lambda_guard(check, get_verbose_code_parts(code, guard), guard.user_stack)
+    install_guard(source.make_guard(lambda builder, guard: add_lambda(builder, guard, check, text)))
 
-    install_guard(source.make_guard(create))
+
+def add_lambda(builder: Any, guard: Any, check: Callable[[Any], bool], text: str) -> None:
+    """Inside a GuardBuilder method: ``check`` on the guarded value, shown as ``<value> text``."""
+    from torch._dynamo.guards import get_verbose_code_parts
+
+    code = f"{builder.arg_ref(guard)} {text}"
+    builder.get_guard_manager(guard).add_lambda_guard(check, get_verbose_code_parts(code, guard), guard.user_stack)
 
 
 def version(source: Any, value: int) -> None:

@@ -27,6 +27,8 @@ import functools
 import math
 from typing import Any, Callable
 
+from . import guards
+
 
 def make_wrap_symfloat_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replacement for ``VariableBuilder.wrap_symfloat``: a float zero is a constant."""
@@ -60,12 +62,7 @@ def make_equals_guard_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def guard_sign(builder: Any, guard: Any, value: float) -> None:
-    from torch._dynamo.guards import get_verbose_code_parts
-
     sign = math.copysign(1.0, value)
-
-    def check(x: Any) -> bool:
-        return type(x) is float and math.copysign(1.0, x) == sign
-
-    code = f"{builder.arg_ref(guard)} has the sign of {value!r}"
-    builder.get_guard_manager(guard).add_lambda_guard(check, get_verbose_code_parts(code, guard), guard.user_stack)
+    guards.add_lambda(
+        builder, guard, lambda x: type(x) is float and math.copysign(1.0, x) == sign, f"has the sign of {value!r}"
+    )
