@@ -55,6 +55,7 @@ from .values import (
     HELD_TENSOR,
     MISSING,
     PLAIN_MUTABLE,
+    SYMBOLIC_TYPES,
     contains_tensor,
     is_immutable_constant,
     is_torch_internal,
@@ -107,6 +108,9 @@ class Planner:
         self._late_block: contextlib.ExitStack | None = None
         self.in_joint = False  # inside AOTAutograd's joint forward+backward function
         self.tangents: list[Any] = []  # the joint's incoming gradients that are subclasses
+        # the subclasses the latest pass returned (nested ones too), as dispatch left them:
+        # type -> their instance dicts (See Note [Reads on incoming gradients])
+        self.made_by_dispatch: dict[type, list[dict]] = {}
         self.tape = counters.Tape()  # what the traced backward decided from counted values
         # symbolic values the traced backward made text of (See Note [Symbolic text in the
         # traced backward] in capture.py)
@@ -234,6 +238,20 @@ class Planner:
         self, args: Sequence[Any], obj: Any, k: int, path: capture.Path, extras: list[Any], planned: list[PlannedWrite]
     ) -> None:
         inner = capture._flatten_names(obj)
+        held_inputs: dict[str, int] = {}
+        for name in sorted(inner):
+            child = capture.obj_dict(obj).get(name)
+            j = next((j for j, a in enumerate(args) if child is a), None) if _is_subclass(child) else None
+            if j is not None:
+                # Note [An output holding an input subclass]
+                # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+                # ``cls(t)`` with ``t`` a subclass input of the graph (a frame Dynamo compiled
+                # from dispatch's own wrapping code): eager's output holds ``t`` itself, with
+                # its live state. AOTAutograd rebuilds it from the ctx it traced, a copy whose
+                # ctx ints are the trace's; the input is set back in its place first (the
+                # aliases of it below are set from it).
+                held_inputs[name] = j
+                planned.append(PlannedWrite(-1, path, name, ValueFrom.INPUT, j, output_index=k))
         if free_state.is_user_class(type(obj)):
             # One inner object under two flattened names (``cache is elem``): AOTAutograd
             # rebuilds each name, so the second is set to the first again.
@@ -274,7 +292,7 @@ class Planner:
                         )
         for name in sorted(inner):
             child = getattr(obj, name, None)
-            if _is_subclass(child) and not any(child is a for a in args):
+            if _is_subclass(child) and name not in held_inputs and not any(child is a for a in args):
                 self._plan_output_tree(args, child, k, path + (("attr", name),), extras, planned)
 
     # -- after the passes ---------------------------------------------------
@@ -318,7 +336,7 @@ class Planner:
             # The incoming gradients (tangents) are the joint's own inputs: what dispatch
             # writes on them is unwound too (See Note [Writes on incoming gradients]).
             for obj in self.tangents:
-                _track_tangent(late, obj)
+                _track_tangent(late, obj, self.made_by_dispatch)
             self._late_block = contextlib.ExitStack()
             self._late_block.enter_context(late.active())
 
@@ -340,7 +358,14 @@ class Planner:
     def answer_backward(self, scope: Scope, t: Tracked, name: Any) -> Any:
         """A read in the traced backward: an int the instance holds is a counted value
         (computed again at each run-time backward); anything else is guarded in the forward."""
-        if not isinstance(name, str) or t.plain_inner or not isinstance(t.data, _Where):
+        if t.plain_inner or not isinstance(t.data, _Where):
+            return None
+        if name is capture.KEYS or isinstance(name, capture.Unshadowed):
+            # which names the instance holds: the entry state's (guarded in the forward), and
+            # those the forward wrote, which the traced instance holds again
+            self._guard(t, name, None)
+            return None
+        if not isinstance(name, str):
             return None
         written = self.forward_values.get((id(t.obj), name), _NOT_WRITTEN)
         if written is not _NOT_WRITTEN:
@@ -738,7 +763,7 @@ def _watch_classes(objs: Any) -> free_state.ModuleWatch:
     return watch
 
 
-def _track_tangent(scope: Scope, obj: Any, depth: int = 0) -> None:
+def _track_tangent(scope: Scope, obj: Any, made_by_dispatch: dict[type, list[dict]], depth: int = 0) -> None:
     """Note [Writes on incoming gradients]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     In eager, the gradient flowing into an op's backward is a temporary autograd made
@@ -750,11 +775,82 @@ def _track_tangent(scope: Scope, obj: Any, depth: int = 0) -> None:
     keep them in eager: a documented limit (README, Limits)."""
     if depth > 4 or scope.lookup(obj) is not None:
         return
-    scope.track(obj, None)
+    t = scope.track(obj, None)
+    t.on_read = functools.partial(_read_on_gradient, made_by_dispatch.get(type(obj), ()))
     for name in capture._flatten_names(obj):
         child = capture.obj_dict(obj).get(name)
         if _is_subclass(child):
-            _track_tangent(scope, child, depth + 1)
+            _track_tangent(scope, child, made_by_dispatch, depth + 1)
+
+
+def _read_on_gradient(twins: Sequence[dict], t: Tracked, name: str) -> None:
+    """Note [Reads on incoming gradients]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    In eager, the gradient an op's backward dispatch gets was made by dispatch (the
+    backward formulas of the ops after it). In the traced backward it is AOTAutograd's
+    tangent, rebuilt by ``__tensor_unflatten__`` from the forward output's flatten: what
+    dispatch reads on it outside the flatten list and ctx is what unflatten alone set
+    (``scale = 0`` where dispatch's constructor sets nothing, and ``getattr(g, "scale",
+    1.0)`` reads 1.0 in eager), and the compiled backward would bake that value in. The
+    read is checked against the pass's outputs of the same class, which dispatch made: a
+    value one of them holds too (a ctx attribute, DTensor's ``_spec``, a float8 tensor's
+    config; absent, where one of them lacks the name; a tensor, where one of them holds a
+    tensor) is a state a gradient dispatch makes can have, and the read is left as traced. A value none of them holds is what unflatten
+    alone gives, and is refused (``unsupported_state_read``), as is a value held where no
+    output of the class was made by dispatch. Which op made eager's gradient is not known
+    while tracing: where the outputs differ among themselves, the traced value is one of
+    theirs (a limit, docs/design.md). Reads of a name the backward wrote first are its
+    own."""
+    if name in t.flatten_names or is_torch_internal(name):
+        return
+    held = capture.obj_dict(t.obj).get(name, MISSING)
+    if held is MISSING and not any(name in d for d in twins):
+        return  # the class's own (method, class attribute) on every instance alike
+    if any(_alike(d.get(name, MISSING), held) for d in twins):
+        return
+    made = sorted({_shown(d.get(name, MISSING)) for d in twins}) or ["(no output of the class was made by dispatch)"]
+    raise SubclassWriteError(
+        RefusalKind.UNSUPPORTED_STATE_READ, t.cls_name, name, type(held).__name__ if held is not MISSING else "absent",
+        f"the traced backward reads {name!r} on an incoming gradient, which AOTAutograd rebuilds with "
+        f"__tensor_unflatten__ ({_shown(held)}); tensors dispatch made hold {', '.join(made)}: eager's "
+        "gradient is made by dispatch, so carry the attribute in the flatten ctx or set it in the constructor",
+    )
+
+
+def _alike(made: Any, held: Any) -> bool:
+    """A value a dispatch-made instance holds and the gradient's, alike: equal constants, or
+    two tensors or two symbolic values (each made from its own instance's tensors and sizes
+    by the same code), also inside dicts, lists and tuples of the same shape."""
+    if isinstance(made, torch.Tensor) and isinstance(held, torch.Tensor):
+        return True
+    if isinstance(made, SYMBOLIC_TYPES) and type(made) is type(held):
+        return True  # a size of its own (NestedTensor's ``_size``), as the tensors are
+    if type(made) is type(held) and isinstance(made, dict):  # NestedTensor's metadata cache
+        return made.keys() == held.keys() and all(_alike(made[k], held[k]) for k in made)
+    if type(made) is type(held) and isinstance(made, (list, tuple)):
+        return len(made) == len(held) and all(_alike(m, h) for m, h in zip(made, held))
+    return same_value(made, held)
+
+
+def _shown(value: Any) -> str:
+    return "absent" if value is MISSING else (type(value).__name__ if isinstance(value, torch.Tensor) else repr(value))
+
+
+def _made_by_dispatch(out: Any) -> dict[type, list[dict]]:
+    """The subclasses in a pass's outputs (and nested in their flatten lists), by class:
+    their instance dicts as the pass left them (See Note [Reads on incoming gradients])."""
+    found: dict[type, list[dict]] = {}
+    todo = [(o, 0) for o in pytree.tree_leaves(out) if _is_subclass(o)]
+    seen: set[int] = set()
+    while todo:
+        obj, depth = todo.pop()
+        if id(obj) in seen or depth > 4:
+            continue
+        seen.add(id(obj))
+        d = capture.obj_dict(obj)
+        found.setdefault(type(obj), []).append(dict(capture.user_state(d)))
+        todo.extend((d.get(n), depth + 1) for n in capture._flatten_names(obj) if _is_subclass(d.get(n)))
+    return found
 
 
 def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: bool) -> Callable[..., Any]:
@@ -797,6 +893,8 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
             try:
                 with scope.active(), watch.watching() as changes:
                     out = fn(*args, **kwargs)
+                if planner is not None:
+                    planner.made_by_dispatch = _made_by_dispatch(out)
             except capture.FlattenMismatch as bad:
                 raise SubclassWriteError(RefusalKind.FLATTEN_ROUND_TRIP, bad.tracked.cls_name, bad.name, "Tensor") from None
             if changes:

@@ -251,7 +251,7 @@ class Tracked:
 
     __slots__ = (
         "obj", "real", "data", "flatten_names", "entry", "entry_containers", "expected",
-        "containers", "settled", "absent", "written", "dict_complete", "_inner_ids", "plain_inner", "born",
+        "containers", "settled", "absent", "written", "dict_complete", "_inner_ids", "plain_inner", "born", "on_read",
     )
 
     def __init__(self, obj: Any, real: Any, data: Any = None) -> None:
@@ -276,6 +276,9 @@ class Tracked:
         # Made by the traced code (a registered state object built in dispatch): its state
         # before is what its __init__ left, and it is the caller's only through an output.
         self.born = False
+        # An object that stands for no real one yet (an incoming gradient of the traced
+        # backward): called with (tracked, name) at the first read of a name, it may refuse.
+        self.on_read: Callable[[Tracked, str], None] | None = None
 
     def traced_counterpart(self, name: str) -> Any:
         """The traced object's own value of ``name`` if fakification made it from the real
@@ -533,6 +536,9 @@ class Scope:
                 self._answer_all(t)
             return get(t.obj, name)
         if t.real is None or self.answer is None or name in t.settled or name[:2] == "__":
+            if t.on_read is not None and name not in t.settled and name[:2] != "__" and name not in t.written:
+                t.settled.add(name)
+                t.on_read(t, name)
             return get(t.obj, name)
         d = obj_dict(t.obj)
         if name in d and not t.plain_inner and t.expected.get(name, MISSING) is not d[name]:

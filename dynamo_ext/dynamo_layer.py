@@ -605,9 +605,18 @@ class FrameState:
                 RefusalKind.OPAQUE_VALUE, t, w.name,
                 f"{type(value).__name__} (a real tensor not computed in the traced program)",
             )
-        proxy = self.tx.output.create_proxy(
-            "call_function", handoff.read_attr, (ref.node.meta.get("_dynamo_ext_proxy") or _proxy_of(self.tx, ref), ref.path, w.name), {}
-        )
+        holder, path = ref.node.meta.get("_dynamo_ext_proxy") or _proxy_of(self.tx, ref), ref.path
+        if path and not _still_reached(ref.node.meta.get("example_value"), path, t.obj):
+            # The op rebound an attribute on the path after writing on the object it led to
+            # (``x.a.cache = ...; x.a = new``): the object is taken before the op runs (See
+            # Note [Writes on an object its holder rebinds]).
+            assert self._node is not None
+            with self._node.graph.inserting_before(self._node):
+                pinned = self._node.graph.call_function(capture.follow, (holder.node, path))
+            pinned.meta["example_value"] = t.obj
+            handoff.cacheable(pinned)
+            holder, path = torch.fx.Proxy(pinned, self.tx.output.current_tracer), ()
+        proxy = self.tx.output.create_proxy("call_function", handoff.read_attr, (holder, path, w.name), {})
         handoff.cacheable(proxy.node)
         if type(value) is tuple and not all(isinstance(v, SYMBOLIC_TYPES) for v in value):
             # ``("rows", n)``: the graph returns the symbolic items, the residual bytecode
@@ -681,6 +690,13 @@ def _move_before(anchor: torch.fx.Node, value: torch.fx.Node) -> None:
     visit(value)
     for n in order:
         anchor.prepend(n)
+
+
+def _still_reached(root: Any, path: capture.Path, obj: Any) -> bool:
+    try:
+        return capture.follow(root, path) is obj
+    except (AttributeError, LookupError, TypeError):
+        return False
 
 
 def _proxy_of(tx: Any, ref: Ref) -> Any:

@@ -268,6 +268,8 @@ class SubclassWriteError(RuntimeError):
 
     def __init__(self, kind: RefusalKind, cls_name: str, attr: str, value_type: str, context: str = "") -> None:
         self.kind = kind
+        self.attr = attr
+        self.context = context
         hints = "\n".join(f"  - {h}" for h in REFUSALS[kind].hints)
         msg = f"[{kind.gb_type}] {explain(kind, cls_name, attr, value_type)}\nHints:\n{hints}"
         if context:

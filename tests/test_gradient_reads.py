@@ -1,0 +1,165 @@
+"""Reads dispatch makes on incoming gradients in the traced backward (See Note [Reads on
+incoming gradients] in aot_layer.py).
+
+In eager the gradient an op's backward dispatch gets was made by dispatch; in the traced
+backward it is AOTAutograd's tangent, rebuilt by ``__tensor_unflatten__``. A scaled tensor
+whose unflatten sets ``scale`` where its constructor does not reads differently on the two:
+such a compile is refused, with the inputs untouched, and runs eagerly under
+``fullgraph=False``. A scale carried in the ctx, or set alike by the constructor, compiles
+and gives eager's gradients.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import dynamo_ext
+from dynamo_ext.errors import RefusalKind
+
+aten = torch.ops.aten
+
+
+class Scaled(torch.Tensor):
+    """``mul`` multiplies its result by the first argument's ``scale`` (1.0 when it has none);
+    each forward op records its name on its first argument."""
+
+    @staticmethod
+    def __new__(cls, elem, requires_grad=False):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, requires_grad=requires_grad)
+        r.elem = elem
+        return r
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        return cls(inner["elem"])
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.elem!r})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        first = next(a for a in pytree.tree_leaves(args) if isinstance(a, cls))
+        if torch.is_grad_enabled():
+            first.last_op = func.__name__
+        out = func(*pytree.tree_map_only(cls, lambda t: t.elem, args), **pytree.tree_map_only(cls, lambda t: t.elem, kwargs))
+        if func is aten.mul.Tensor:
+            out = out * getattr(first, "scale", 1.0)
+        return pytree.tree_map_only(torch.Tensor, cls, out)
+
+
+class UnflattenSetsScale(Scaled):
+    """``__tensor_unflatten__`` sets ``scale = 0.0``; the constructor dispatch uses does not."""
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        r = cls(inner["elem"])
+        r.scale = 0.0
+        return r
+
+
+class ScaleInCtx(Scaled):
+    """``scale`` is carried in the flatten ctx, and dispatch passes it on."""
+
+    @staticmethod
+    def __new__(cls, elem, requires_grad=False, scale=0.5):
+        r = Scaled.__new__(cls, elem, requires_grad)
+        r.scale = scale
+        return r
+
+    def __tensor_flatten__(self):
+        return ["elem"], self.scale
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        return cls(inner["elem"], scale=ctx)
+
+
+class ConstructorSetsScale(UnflattenSetsScale):
+    """The constructor sets the same ``scale`` unflatten sets: dispatch-made tensors hold it."""
+
+    @staticmethod
+    def __new__(cls, elem, requires_grad=False):
+        r = Scaled.__new__(cls, elem, requires_grad)
+        r.scale = 0.0
+        return r
+
+
+def f(x, w):
+    return x * w
+
+
+def _make(cls):
+    return cls(torch.arange(1.0, 7.0).reshape(2, 3), requires_grad=True), cls(torch.full((2, 3), 2.0), requires_grad=True)
+
+
+def _run(fn, cls):
+    x, w = _make(cls)
+    out = fn(x, w)
+    out.sum().backward()
+    return out.elem.clone(), x.grad.elem.clone(), w.grad.elem.clone(), (x.__dict__.get("last_op"), w.__dict__.get("last_op"))
+
+
+@pytest.fixture(autouse=True)
+def _enabled():
+    torch._dynamo.reset()
+    dynamo_ext.enable()
+    yield
+    dynamo_ext.disable()
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "eager"])
+@pytest.mark.parametrize("cls", [ScaleInCtx, ConstructorSetsScale, Scaled], ids=lambda c: c.__name__)
+def test_a_scale_dispatch_made_gradients_hold_alike_compiles(cls, backend):
+    counter = CompileCounterWithBackend(backend)
+    compiled = torch.compile(f, backend=counter, fullgraph=True)
+    for call in range(2):
+        eager, comp = _run(f, cls), _run(compiled, cls)
+        for e, c in zip(eager[:3], comp[:3]):
+            torch.testing.assert_close(c, e, msg=lambda m: f"call {call}: {m}")
+        assert eager[3] == comp[3]
+    assert counter.frame_count == 1
+
+
+def test_a_scale_only_unflatten_sets_is_refused_and_nothing_touched():
+    # Eager's gradient of x is w * 1.0 (its incoming gradient was made by dispatch); the
+    # traced backward would read scale 0.0 on the tangent and return zeros.
+    eager = _run(f, UnflattenSetsScale)
+    assert torch.equal(eager[1], torch.full((2, 3), 2.0))
+    x, w = _make(UnflattenSetsScale)
+    with pytest.raises(Exception) as info:
+        torch.compile(f, backend="aot_eager", fullgraph=True)(x, w)
+    assert "dynamo_ext: unsupported_state_read" in str(info.value)
+    assert "incoming gradient" in str(info.value) and "'scale'" in str(info.value)
+    assert "last_op" not in x.__dict__ and "last_op" not in w.__dict__ and x.grad is None
+
+
+def test_a_scale_only_unflatten_sets_runs_eagerly_without_fullgraph():
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(f, backend=counter)
+    for call in range(2):
+        eager, comp = _run(f, UnflattenSetsScale), _run(compiled, UnflattenSetsScale)
+        for e, c in zip(eager[:3], comp[:3]):
+            torch.testing.assert_close(c, e, msg=lambda m: f"call {call}: {m}")
+        assert eager[3] == comp[3]
+
+
+def test_stock_gives_the_unflatten_scale_to_the_gradient():
+    # What the refusal prevents: with dynamo_ext off the compiled gradient is silently zero.
+    dynamo_ext.disable()
+    x, w = _make(UnflattenSetsScale)
+    torch.compile(f, backend="aot_eager", fullgraph=True)(x, w).sum().backward()
+    assert torch.equal(x.grad.elem, torch.zeros(2, 3))
+
+
+def test_the_refusal_kind_is_documented():
+    assert RefusalKind.UNSUPPORTED_STATE_READ.value == "unsupported_state_read"
