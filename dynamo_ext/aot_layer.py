@@ -290,6 +290,13 @@ class Planner:
                             kind, type(obj).__name__, name, value_type,
                             context="held by an output, which AOTAutograd rebuilds with __tensor_unflatten__",
                         )
+            # What __tensor_unflatten__ alone sets (``r.from_unflatten = True``, a default the
+            # constructor dispatch uses does not set): eager's output lacks it.
+            held = capture.obj_dict(obj)
+            rebuilt = _rebuilt_state(obj) if rebuilt is None else rebuilt
+            for name in rebuilt:
+                if name not in held and name not in inner and not is_torch_internal(name):
+                    planned.append(PlannedWrite(-1, path, name, ValueFrom.CONSTANT, MISSING, output_index=k))
         for name in sorted(inner):
             child = getattr(obj, name, None)
             if _is_subclass(child) and name not in held_inputs and not any(child is a for a in args):
@@ -392,6 +399,12 @@ class Planner:
         value = capture.obj_dict(t.obj).get(name, MISSING)
         if name not in t.flatten_names:
             real_value, origin = capture.eager_lookup(t.real, name)
+            if origin == "absent":
+                # eager's object lacks it, whatever the traced one holds (what
+                # __tensor_unflatten__ set, read through ``self.__dict__`` too)
+                self._guard(t, name, MISSING)
+                t.set_answer(name, MISSING)
+                raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
             if isinstance(real_value, torch.Tensor):
                 # Not an input of the traced program (the forward neither read nor wrote it):
                 # the traced instance holds its constructor's tensor, if any, not the real one.
@@ -800,7 +813,13 @@ def _read_on_gradient(twins: Sequence[dict], t: Tracked, name: str) -> None:
     output of the class was made by dispatch. Which op made eager's gradient is not known
     while tracing: where the outputs differ among themselves, the traced value is one of
     theirs (a limit, docs/design.md). Reads of a name the backward wrote first are its
-    own."""
+    own. Code reading the instance dict itself (``KEYS``) reads every name it holds, and the
+    absence of every name the outputs hold."""
+    if name is capture.KEYS:
+        names = set(capture.user_state(capture.obj_dict(t.obj))).union(*(d.keys() for d in twins))
+        for n in sorted(names - t.written):
+            _read_on_gradient(twins, t, n)
+        return
     if name in t.flatten_names or is_torch_internal(name):
         return
     held = capture.obj_dict(t.obj).get(name, MISSING)

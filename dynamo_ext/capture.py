@@ -529,6 +529,9 @@ class Scope:
     def read(self, t: Tracked, name: str, get: Callable[[Any, str], Any]) -> Any:
         if name == "__dict__":
             # User code reading __dict__ itself sees every entry eager would find there.
+            if t.on_read is not None and not t.dict_complete and not _called_from_torch(3):
+                t.dict_complete = True
+                t.on_read(t, KEYS)
             if (
                 t.real is not None and not t.shared and not t.dict_complete and self.answer is not None
                 and not _called_from_torch(3)

@@ -95,6 +95,9 @@ class FrameState:
         self.symbolic_ctx: dict[int, dict[str, Any]] = {}
         self.watch = free_state.ModuleWatch()  # module globals dispatch must leave alone
         self.stored: set[tuple[int, str]] = set()  # (object, attribute) written by residual bytecode
+        # the sources of attributes dispatch wrote on objects the frame has sources for (See
+        # Note [Values read before dispatch wrote them])
+        self.written_sources: set[Any] = set()
         self.scope.on_access = self.collector.on_access
         self._node: torch.fx.Node | None = None  # the op being propagated
         self._by_fake: dict[int, Any] = {}
@@ -183,6 +186,48 @@ class FrameState:
             if not pending:
                 del mutations[vt]
         self.nested_writes.clear()
+
+    def entry_values(self, tx: Any) -> tuple[list[Any], dict[Any, Any]]:
+        """Note [Values read before dispatch wrote them]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        User code that read ``s = x.step`` before an op whose dispatch bumps it, and returns
+        or keeps ``s``, holds a variable whose source is ``x.step``: Dynamo's codegen loads it
+        from there after the graph ran. Under a backend that runs the graph as it is
+        (``backend="eager"``) dispatch ran for real by then and ``s`` would be the bumped value
+        (stock too). Each such source is loaded into a local before the graph runs, and the
+        codegen loads it from there (``overridden_sources``, as Dynamo does for stolen lists).
+        Returns the instructions and the overrides."""
+        from torch._dynamo.codegen import PyCodegen
+        from torch._dynamo.source import LocalSource
+        from torch._dynamo.variables.base import VariableTracker
+
+        if not self.written_sources:
+            return [], {}
+        output = self.tx.output
+        found: dict[Any, None] = {}
+
+        def visit(vt: Any) -> None:
+            source = getattr(vt, "source", None)
+            if source is not None and source in self.written_sources:
+                found[source] = None
+
+        stored = [v for names in output.side_effects.store_attr_mutations.values() for v in names.values()]
+        frames, frame = [], tx
+        while frame is not None:
+            frames.append(frame)
+            frame = getattr(frame, "parent", None)
+        roots = [v for f in frames for v in (*f.stack, *f.symbolic_locals.values())]
+        VariableTracker.visit(visit, [*roots, *stored])
+        instructions: list[Any] = []
+        overrides: dict[Any, Any] = {}
+        for source in found:
+            local = output.new_var("dynamo_ext_read")
+            cg = PyCodegen(output.root_tx)
+            cg(source)
+            cg.store(local)
+            instructions.extend(cg.get_instructions())
+            overrides[source] = LocalSource(local)
+        return instructions, overrides
 
     # -- tracking -----------------------------------------------------------
 
@@ -518,6 +563,10 @@ class FrameState:
             if ref.path and ref.source is not None:
                 self.nested_writes.setdefault(id(vt), (vt, set()))[1].add(w.name)
             self.stored.add((id(t.obj), w.name))
+            if ref.source is not None:
+                from torch._dynamo.source import AttrSource
+
+                self.written_sources.add(AttrSource(ref.source, w.name))
             if t.plain_inner and t.real is not None and ref.source is not None and w.name not in capture.obj_dict(t.real):
                 # A plain tensor with no state of its own is traced without attribute hooks
                 # (they would slow every op's fake propagation): a read of the name before
@@ -895,6 +944,7 @@ def _propagate(
     state: FrameState, node: torch.fx.Node, tx: Any, original: Callable[..., Any], allow: bool, tracked: list[Tracked]
 ) -> Any:
     scope = state.scope
+    outer_node = state._node  # fake propagation can nest (a value Dynamo builds while answering a read)
     state._node = node
     state.tx = tx
     try:
@@ -951,7 +1001,7 @@ def _propagate(
             _graph_break(*bad.args_)
         return result
     finally:
-        state._node = None
+        state._node = outer_node
         state.collector.forget_frame()  # a finished frame keeps its locals (fakes) alive
 
 
@@ -1054,6 +1104,24 @@ def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., An
             _run_frame_eagerly(self.root_tx, refusal)
 
     return compile_subgraph
+
+
+def make_stolen_lists_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``OutputGraph.handle_aliases_for_stolen_lists``, which compile_subgraph
+    calls for the instructions it runs before the graph and the sources its codegen loads
+    from elsewhere: the values user code read before dispatch wrote them are added (See
+    Note [Values read before dispatch wrote them])."""
+
+    @functools.wraps(original)
+    def handle_aliases_for_stolen_lists(self: Any, tx: Any) -> Any:
+        instructions, overrides = original(self, tx)
+        state: FrameState | None = self.__dict__.get(_STATE_KEY)
+        if state is None:
+            return instructions, overrides
+        more, entry = state.entry_values(tx)
+        return [*more, *instructions], {**entry, **overrides}
+
+    return handle_aliases_for_stolen_lists
 
 
 def _refusal_in(exc: BaseException) -> Any:

@@ -33,6 +33,15 @@ TABLE: list[Patch] = [
         "hand what the Dynamo layer recorded to the AOTAutograd layer.",
     ),
     Patch(
+        "torch._dynamo.output_graph:OutputGraph",
+        "handle_aliases_for_stolen_lists",
+        dynamo_layer.make_stolen_lists_hook,
+        why="A value user code read before dispatch wrote its attribute is loaded before the "
+        "graph runs, not from the attribute after it (See Note [Values read before dispatch "
+        "wrote them]); compile_subgraph takes its pre-graph instructions and source overrides "
+        "from here.",
+    ),
+    Patch(
         "torch._dynamo.guards",
         "deepcopy",
         dynamo_layer.make_guard_deepcopy,

@@ -286,6 +286,9 @@ class Replay:
                 value = getattr(target, value)
             elif value_from is not ValueFrom.CONSTANT:
                 value = _resolve(value_from, value, inputs, extras)
+            if value is MISSING:  # set by __tensor_unflatten__ alone: eager's output lacks it
+                target.__dict__.pop(name, None)
+                continue
             setattr(target, name, value)
         out, extras = self.strip(out)
         self.apply(inputs, extras)

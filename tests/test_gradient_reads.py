@@ -163,3 +163,52 @@ def test_stock_gives_the_unflatten_scale_to_the_gradient():
 
 def test_the_refusal_kind_is_documented():
     assert RefusalKind.UNSUPPORTED_STATE_READ.value == "unsupported_state_read"
+
+
+class DictReader(Scaled):
+    """``__tensor_unflatten__`` marks what it built; dispatch looks the mark up in the instance
+    dict itself (``vars(a)``), on every argument, and doubles ``mul``'s result where found."""
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        r = cls(inner["elem"])
+        r.from_unflatten = True
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        marked = any(isinstance(a, cls) and "from_unflatten" in vars(a) for a in pytree.tree_leaves(args))
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if marked and func is aten.mul.Tensor:
+            out = cls(out.elem * 2)
+        return out
+
+
+def g(x, w):
+    return x * w  # w plain: the incoming gradient is the only subclass read in w's gradient
+
+
+@pytest.mark.parametrize("fn", [f, g], ids=["both_subclasses", "plain_weight"])
+def test_a_mark_only_unflatten_sets_read_through_the_dict(fn):
+    # Stock gives doubled outputs and gradients. With dynamo_ext the forward reads the real
+    # inputs (no mark) and the backward's read on the incoming gradient is refused.
+    def make():
+        return DictReader(torch.arange(1.0, 7.0).reshape(2, 3), requires_grad=True), (
+            DictReader(torch.full((2, 3), 2.0), requires_grad=True) if fn is f else torch.full((2, 3), 2.0, requires_grad=True)
+        )
+
+    x, w = make()
+    with pytest.raises(Exception) as info:
+        torch.compile(fn, backend="aot_eager", fullgraph=True)(x, w)
+    assert "dynamo_ext: unsupported_state_read" in str(info.value) and "from_unflatten" in str(info.value)
+    # without fullgraph: eager's numbers
+    compiled = torch.compile(fn, backend="aot_eager")
+    for call in range(2):
+        (ex, ew), (cx, cw) = make(), make()
+        e_out, c_out = fn(ex, ew), compiled(cx, cw)
+        e_out.sum().backward()
+        c_out.sum().backward()
+        torch.testing.assert_close(c_out.elem, e_out.elem)
+        assert sorted(vars(c_out)) == sorted(vars(e_out))
+        for e, c in ((ex, cx), (ew, cw)):
+            torch.testing.assert_close(getattr(c.grad, "elem", c.grad), getattr(e.grad, "elem", e.grad), msg=lambda m: f"call {call}: {m}")
