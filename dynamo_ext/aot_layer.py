@@ -106,6 +106,7 @@ class Planner:
         self.pass_state: list[tuple[Any, str, Any]] = []
         self._late: list[Scope] = []  # scopes still tracking a finished pass's instances
         self._late_block: contextlib.ExitStack | None = None
+        self._late_pending: Scope | None = None  # See Note [Where the traced backward begins]
         self.in_joint = False  # inside AOTAutograd's joint forward+backward function
         self.tangents: list[Any] = []  # the joint's incoming gradients that are subclasses
         # the subclasses the latest pass returned (nested ones too), as dispatch left them:
@@ -344,10 +345,28 @@ class Planner:
             # writes on them is unwound too (See Note [Writes on incoming gradients]).
             for obj in self.tangents:
                 _track_tangent(late, obj, self.made_by_dispatch)
+            # Active from where the backward begins (open_late): what AOTAutograd does
+            # between, on the same instances, is the forward's bookkeeping, not the
+            # backward's reads (See Note [Where the traced backward begins]).
+            self._late_pending = late
+
+    def open_late(self) -> None:
+        """Note [Where the traced backward begins]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        The joint function's forward half returns after the traced function did: on the
+        way out AOTAutograd syncs every primal (``sync_functional_tensor`` flattens each
+        input, nested subclasses too, and drops the ctx it read). Counted as the backward's,
+        those reads made the compiled backward depend on every ctx value the forward left
+        (a count the next graph of the same frame moves on was then refused when this
+        graph's ``backward()`` ran). So the backward's scope becomes active when the forward
+        half has returned (``make_create_joint_hook``), just before ``autograd.grad``."""
+        late, self._late_pending = self._late_pending, None
+        if late is not None:
             self._late_block = contextlib.ExitStack()
             self._late_block.enter_context(late.active())
 
     def close_late(self) -> None:
+        self._late_pending = None
         block, self._late_block = self._late_block, None
         if block is not None:
             block.close()
@@ -1210,11 +1229,18 @@ def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     are recorded in the forward pass's late scope, active only inside the joint call."""
 
     @functools.wraps(original)
-    def create_joint(*args: Any, **kwargs: Any) -> Any:
-        joint = original(*args, **kwargs)
+    def create_joint(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         planner = pending()
         if planner is None:
-            return joint
+            return original(fn, *args, **kwargs)
+
+        @functools.wraps(fn)
+        def forward_half(*a: Any, **kw: Any) -> Any:
+            out = fn(*a, **kw)
+            planner.open_late()  # See Note [Where the traced backward begins]
+            return out
+
+        joint = original(forward_half, *args, **kwargs)
 
         @functools.wraps(joint)
         def joint_with_backward(*a: Any, **kw: Any) -> Any:

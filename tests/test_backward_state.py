@@ -223,6 +223,61 @@ def test_a_second_forward_before_the_backward(cls, fullgraph):
         torch.testing.assert_close(xc[1].grad, xe[1].grad)
 
 
+class CountsInCtx(Weight):
+    """A count in the flatten ctx, bumped by every forward op; the backward never reads it."""
+
+    def __tensor_flatten__(self):
+        return ["elem"], (self.step,)
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        r = cls(inner["elem"])
+        r.step = ctx[0]
+        return r
+
+    @staticmethod
+    def forward_op(w):
+        w.step += 1
+
+
+def _two_forwards_split_by_a_graph_break(x, w):
+    a = fn(x, w)
+    torch._dynamo.graph_break()
+    return a + fn(x * 2, w)
+
+
+@pytest.mark.parametrize("split", ["graph_break", "two_calls"])
+def test_a_later_forward_moves_a_count_the_backward_does_not_read(split):
+    """AOTAutograd's joint flattens every input on its way out of the forward
+    (``sync_functional_tensor``): that read of the ctx count is not the backward's. A later
+    graph of the same frame (or a second call) moving the count on before ``backward()`` is
+    no change the compiled backward depends on: gradients and state match eager, nothing
+    raises (See Note [Where the traced backward begins])."""
+    torch._dynamo.reset()
+    if split == "graph_break":
+        eager_fn = _two_forwards_split_by_a_graph_break
+        compiled_fn = torch.compile(eager_fn, backend="aot_eager")
+    else:
+        def eager_fn(x, w):
+            return fn(x, w) + fn(x * 2, w)
+
+        one = torch.compile(fn, backend="aot_eager", fullgraph=True)
+
+        def compiled_fn(x, w):
+            return one(x, w) + one(x * 2, w)
+
+    we, wc = CountsInCtx(torch.linspace(0.5, 2.0, 4)), CountsInCtx(torch.linspace(0.5, 2.0, 4))
+    gen = torch.Generator().manual_seed(0)
+    for call in range(3):
+        x = torch.randn(2, 4, generator=gen)
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        eager_fn(xe, we).backward()
+        compiled_fn(xc, wc).backward()
+        torch.testing.assert_close(xc.grad, xe.grad)
+        _same_state(_state(we), _state(wc), f"call {call + 1}")
+    assert wc.step == 6
+
+
 class ScalesByUserTensor(Weight):
     """The backward scales by a tensor the user keeps on the weight (outside the flatten
     list); ``READ_IN_FORWARD``: the forward uses it too."""

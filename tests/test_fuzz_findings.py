@@ -430,13 +430,13 @@ FOUND = [
         "_var', 0.5),(2, 'closure_var', 3.0)),break_top=False,reads_globals=False)",
         "aot_eager",
     ),
-    # OPEN (an xfail, loud; also with the package of 81d3452): a graph break at the top of
-    # the compiled function splits two adds on x into two graphs; the inner subclass's add
-    # bumps ``ops`` in its ctx, which the first graph's backward reads. The second graph's
-    # forward moves the count on before backward(), so the first compiled backward raises
-    # changed_before_backward when it runs: under fullgraph=False, a run-time error eager
-    # does not raise. (A forward-written int the backward reads is answered with the
-    # forward's value, See Note [The backward reads what the forward wrote].)
+    # Loud, fixed: a graph break at the top of the compiled function splits two adds on x
+    # into two graphs; the inner subclass's add bumps ``ops`` in its ctx. The second graph's
+    # forward moved the count on before backward(), and the first compiled backward raised
+    # changed_before_backward under fullgraph=False: AOTAutograd's flatten of the inputs on
+    # the way out of the joint's forward (sync_functional_tensor) counted as the backward
+    # reading ``ops``. See Note [Where the traced backward begins] and
+    # tests/test_backward_state.py.
     pytest.param(
         "Spec(writes=(Write(op='add',kind='constant',attr='a',in_ctx=False,grows_flatten=False),),ctor=(),un"
         "flatten=None,getattr_kind=None,getattr_reads=(),ext_reads=(),inner=Inner(ctx_op='add',dict_op=None,"
@@ -444,7 +444,6 @@ FOUND = [
         "Program(n_inputs=1,steps=(('add', 0, 0), ('add', 0, 0)),break_after=0,requires_grad=True,calls=2,dyn"
         "amic=None,batch='same',changes=(),ext_changes=(),break_top=True,reads_globals=False)",
         "aot_eager",
-        marks=pytest.mark.xfail(strict=False, reason="open: a later graph of the same function moves a count the earlier backward read"),
     ),
     # Silent gradients, now refused: ``__tensor_unflatten__`` sets ``scale = 0`` outside the
     # ctx, ``__new__`` does not; dispatch multiplies mul's result by
