@@ -469,47 +469,131 @@ class FrameState:
 
     def guard_free_reads(self) -> bool:
         """Guard the module globals and closure variables the user code that just ran can
-        load, as Dynamo guards a user's own. Returns True when an object among them must be
+        load, as Dynamo guards a user's own, and what they lead to (See Note [State dispatch
+        reaches outside the tensors]). Returns True when an object among them must be
         tracked first (its attribute reads answered): the op is then run again."""
         from torch._dynamo.source import AttrSource, GlobalSource
 
         retry = False
         for r in self.collector.reads():
-            value = r.value
-            if isinstance(value, types.ModuleType):
-                self.watch.add_module_object(value)  # its attributes are globals too
-                continue
-            if is_code_object(value) or isinstance(value, torch.Tensor):
-                continue  # code, or a tensor fake propagation cannot use anyway
+            if r.cell is None and sys.modules.get(r.module) is None:
+                continue  # the namespace of generated code (a namedtuple's methods): not importable state
             if r.cell is None:
-                self.watch.add(r.module)
+                if not isinstance(r.value, types.ModuleType):
+                    self.watch.add(r.module)
                 source = AttrSource(self.tx.import_source(r.module), r.name)
             else:
                 self.watch.add_cell(f"{r.code_name}.{r.name}", r.cell)
                 holder = self.tx.output.install_global_by_id("__dynamo_ext_cell", r.cell)
                 source = AttrSource(GlobalSource(holder), "cell_contents")
-            if is_immutable_constant(value) or (isinstance(value, PLAIN_MUTABLE) and not contains_tensor(value)):
-                guards.constant(source, value)
-                self.record.free_reads.append((r.module or f"<closure of {r.code_name}>", r.name, value))
-            elif isinstance(value, type) or (
-                isinstance(value, (tuple, frozenset)) and all(isinstance(v, type) for v in value)
-            ):
-                guards.guard(source, "ID_MATCH")  # a class, or a tuple or frozenset of them (isinstance checks)
-                for cls in [value] if isinstance(value, type) else value:
-                    # its class-level state is global state (``Cls.total += 1``): the op runs
-                    # again under the watch
-                    retry |= self.watch.add_class(cls)
-            elif capture.is_registered(value) or (
-                hasattr(value, "__dict__") and free_state.is_user_class(type(value)) and type(value).__module__ != "builtins"
-            ):
-                # A user object: its attribute reads are answered and guarded like a
-                # registered ctx-state object's, which needs the op run again.
-                guards.guard(source, "ID_MATCH")
-                if self.scope.lookup(value) is None:
-                    self.scope.track(value, value, Ref(None, source, None))
-                    self.record.shared_objects.append(value)
-                    retry = True
-            # Other objects (loggers, locks, torch's own): not state the program depends on.
+            retry |= self._guard_reached(source, r.value, r.module or f"<closure of {r.code_name}>", r.name)
+        for cls in self.collector.new_classes():
+            # ``cls.scale`` / ``type(w).scale`` in dispatch: the class of a tracked object
+            if free_state.is_user_class(cls):
+                holder = self.tx.output.install_global_by_id("__dynamo_ext_class", cls)
+                retry |= self._guard_class_state(GlobalSource(holder), cls)
+        return retry
+
+    def _guard_reached(self, source: Any, value: Any, owner: str, name: str, depth: int = 0) -> bool:
+        """Note [State dispatch reaches outside the tensors]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        Dispatch code runs while traced, where Dynamo does not see it: whatever it reads
+        outside the tensors it is given would stay baked into the compiled program. What
+        the code can reach through a global or closure variable (found statically,
+        free_state.Collector) is guarded the way Dynamo guards a user's own: constants and
+        plain containers of constants by value; functions and classes by identity, and a
+        class's own data attributes the code names (``Float8Linear.enabled``, ``cls.scale``)
+        as values reached through it; a user object, a registered state object or an
+        ``nn.Module`` (``MODEL.training``) is tracked, so each attribute read is answered
+        and guarded; a module object's attributes the code names as values reached through
+        it; a plain data holder of another library (a ``SimpleNamespace``, ``os.environ``)
+        by the value of what it holds. A draw from Python's or numpy's global generator is
+        refused (free_state._restore_generators). Returns True when the op must run again
+        (an object was tracked)."""
+        from torch._dynamo.source import AttrSource
+
+        if depth > 3 or isinstance(value, torch.Tensor):
+            return False  # a tensor fake propagation cannot use anyway
+        if isinstance(value, types.ModuleType):
+            self.watch.add_module_object(value)  # its attributes are globals too
+            return self._guard_module(source, value, depth)
+        if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
+            guards.guard(source, "ID_MATCH")  # a helper rebound: its code is another
+            return False
+        if is_code_object(value) and not isinstance(value, type):
+            return False  # builtins, torch's ops
+        if is_immutable_constant(value) or (isinstance(value, PLAIN_MUTABLE) and not contains_tensor(value)):
+            guards.constant(source, value)
+            self.record.free_reads.append((owner, name, value))
+            return False
+        if isinstance(value, type) or (isinstance(value, (tuple, frozenset)) and value and all(isinstance(v, type) for v in value)):
+            guards.guard(source, "ID_MATCH")  # a class, or a tuple or frozenset of them (isinstance checks)
+            retry = False
+            for cls in [value] if isinstance(value, type) else value:
+                # its class-level state is global state (``Cls.total += 1``): the op runs
+                # again under the watch
+                retry |= self.watch.add_class(cls)
+                if isinstance(value, type) and free_state.is_user_class(cls):
+                    retry |= self._guard_class_state(source, cls, depth + 1)
+            return retry
+        if capture.is_registered(value) or isinstance(value, torch.nn.Module) or (
+            hasattr(value, "__dict__") and free_state.is_user_class(type(value)) and type(value).__module__ != "builtins"
+        ):
+            # A user object: its attribute reads are answered and guarded like a
+            # registered ctx-state object's, which needs the op run again.
+            guards.guard(source, "ID_MATCH")
+            if self.scope.lookup(value) is None:
+                self.scope.track(value, value, Ref(None, source, None))
+                self.record.shared_objects.append(value)
+                return True
+            return False
+        if _is_namespace(value):
+            # its attributes the code names, each as a value reached through it
+            guards.guard(source, "ID_MATCH")
+            retry = False
+            for attr in sorted(self.collector.names & vars(value).keys()):
+                retry |= self._guard_reached(AttrSource(source, attr), vars(value)[attr], f"{owner}.{name}", attr, depth + 1)
+            return retry
+        held = _mapping_items(value)
+        if held is not None:
+            guards.guard(source, "ID_MATCH")
+            guards.lambda_(source, lambda obj: _mapping_items(obj) == held, f" holds {held!r}")
+            self.record.free_reads.append((owner, name, held))
+            return False
+        # Other objects (loggers, locks, torch's own): not state the program depends on.
+        return False
+
+    def _guard_class_state(self, source: Any, cls: type, depth: int = 0) -> bool:
+        """The data attributes of a user class (and its user bases) that the dispatch code
+        names, as ``getattr(cls, name)`` resolves them: values reached through the class."""
+        from torch._dynamo.source import AttrSource
+
+        retry, seen = False, set()
+        names = self.collector.names
+        for klass in cls.__mro__:
+            if not free_state.is_user_class(klass) or klass.__module__ == "builtins":
+                continue
+            for name, value in list(vars(klass).items()):
+                if name in seen or name not in names or name[:2] == "__" or name.startswith(("_dynamo", "_abc")):
+                    continue
+                seen.add(name)
+                if hasattr(type(value), "__get__") or isinstance(value, type):
+                    continue  # methods, properties, descriptors; nested classes
+                retry |= self._guard_reached(AttrSource(source, name), value, cls.__qualname__, name, depth + 1)
+        return retry
+
+    def _guard_module(self, source: Any, module: types.ModuleType, depth: int) -> bool:
+        """The attributes of a module object that the dispatch code names (``cfg.SCALE``,
+        ``os.environ``), as values reached through it; torch's own modules are torch's state."""
+        from torch._dynamo.source import AttrSource
+
+        if module.__name__.split(".")[0] == "torch" or not isinstance(vars(module), dict):
+            return False
+        retry = False
+        for name in sorted(self.collector.names & vars(module).keys()):
+            if name[:2] == "__":
+                continue
+            retry |= self._guard_reached(AttrSource(source, name), vars(module)[name], module.__name__, name, depth + 1)
         return retry
 
     # -- recording writes ---------------------------------------------------
@@ -938,6 +1022,29 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         return _propagate(state, node, tx, original, allow_non_graph_fake, tracked)
 
     return _get_fake_value_impl
+
+
+def _is_namespace(value: Any) -> bool:
+    """A plain attribute holder of the standard library (``types.SimpleNamespace``,
+    ``argparse.Namespace``)."""
+    cls = type(value)
+    return cls is types.SimpleNamespace or (cls.__name__ == "Namespace" and cls.__module__ == "argparse")
+
+
+def _mapping_items(value: Any) -> Any:
+    """What a mapping of another library (``os.environ``) holds, as a dict, if it holds
+    only constants; None for anything else."""
+    import collections.abc
+
+    if not isinstance(value, collections.abc.Mapping) or isinstance(value, dict):
+        return None
+    try:
+        items = dict(value)
+    except Exception:
+        return None
+    if all(is_immutable_constant(k) and is_immutable_constant(v) for k, v in items.items()):
+        return items
+    return None
 
 
 def _propagate(

@@ -91,6 +91,10 @@ class Collector:
         self._expanded: set[types.CodeType] = set()
         self._new: list[tuple[types.CodeType, dict, dict]] = []
         self._classes: set[type] = set()
+        self._new_classes: list[type] = []
+        # attribute names (and string constants: ``getattr(cls, "scale")``) the expanded code
+        # may read: what a class, module or namespace it reaches is guarded on
+        self.names: set[str] = set()
 
     def add_class(self, cls: type) -> None:
         """Dispatch may run the class's own methods without touching a tracked object
@@ -99,6 +103,7 @@ class Collector:
         if cls in self._classes:
             return
         self._classes.add(cls)
+        self._new_classes.append(cls)
         for klass in cls.__mro__:
             for fn in _functions_of(klass):
                 if is_user_code(fn.__code__.co_filename):
@@ -121,19 +126,36 @@ class Collector:
     def forget_frame(self) -> None:
         self._last_frame = None
 
+    def new_classes(self) -> list[type]:
+        """The classes of tracked objects added since the last call."""
+        new, self._new_classes = self._new_classes, []
+        return new
+
     def _expand(self, code: types.CodeType, f_globals: dict, cells: dict) -> None:
         queue = [(code, f_globals, cells)]
+
+        def follow(value: Any) -> None:
+            for fn in _functions_of(value):
+                if is_user_code(fn.__code__.co_filename):
+                    cells_of = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+                    queue.append((fn.__code__, fn.__globals__, cells_of))
+
         while queue:
             code, f_globals, cells = queue.pop()
             if code in self._expanded:
                 continue
             self._expanded.add(code)
             self._new.append((code, f_globals, cells))
+            self.names.update(read_names(code))
             for name in loaded_globals(code):
-                for fn in _functions_of(f_globals.get(name)):
-                    if is_user_code(fn.__code__.co_filename):
-                        cells_of = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
-                        queue.append((fn.__code__, fn.__globals__, cells_of))
+                value = f_globals.get(name)
+                follow(value)
+                if isinstance(value, types.ModuleType) and is_user_code(getattr(value, "__file__", "") or ""):
+                    # ``helpers.scaled(t)``: the functions a user module object holds
+                    for attr in read_names(code):
+                        follow(vars(value).get(attr))
+            for cell in cells.values():  # a helper held by a closure variable (``getter()``)
+                follow(_cell_value(cell))
             for const in code.co_consts:
                 if isinstance(const, types.CodeType):  # a lambda or comprehension: made at run time
                     queue.append((const, f_globals, {}))
@@ -153,8 +175,20 @@ class Collector:
                     yield FreeRead(None, key.split("#")[0], value, cell=cell, code_name=where)
 
 
+@functools.lru_cache(maxsize=4096)
+def read_names(code: types.CodeType) -> frozenset[str]:
+    """Names ``code`` may read attributes or items by: its attribute and global names, and
+    its string constants (``getattr(obj, "scale")``, ``os.environ["MODE"]``)."""
+    return frozenset(code.co_names) | frozenset(c for c in code.co_consts if type(c) is str and c.isidentifier())
+
+
 def _functions_of(value: Any) -> list[types.FunctionType]:
-    """Functions ``value`` may run when called: itself, or a class's own methods."""
+    """Functions ``value`` may run when called: itself, a bound method's or a partial's
+    function, or a class's own methods."""
+    if isinstance(value, types.MethodType):
+        value = value.__func__
+    elif isinstance(value, functools.partial):
+        value = value.func
     if isinstance(value, types.FunctionType):
         return [value]
     if isinstance(value, type) and value.__module__ not in ("builtins",):
@@ -302,10 +336,12 @@ class ModuleWatch:
         }
         cells = {key: (name, cell, _cell_value(cell)) for key, (name, cell) in self.cells.items()}
         cell_containers = {key: _contents(v) for key, (_, _, v) in cells.items() if type(v) in _CONTAINERS}
+        generators = _generator_states()
         changes: list[GlobalChange] = []
         try:
             yield changes
         finally:
+            changes.extend(_restore_generators(generators))
             for key, (name, cell, value) in cells.items():
                 now = _cell_value(cell)
                 if now is not value:
@@ -352,6 +388,36 @@ class ModuleWatch:
 
 
 _ABSENT = object()
+
+
+def _generator_states() -> list[tuple[str, Any, Any]]:
+    """Python's and numpy's global random generators: (module, comparable state, state)."""
+    import random
+
+    states = [("random", None, random.getstate())]
+    np = sys.modules.get("numpy")
+    if np is not None:
+        raw = np.random.get_state()
+        states.append(("numpy.random", (raw[0], raw[1].tobytes(), *raw[2:]), raw))
+    return states
+
+
+def _restore_generators(before: list[tuple[str, Any, Any]]) -> list[GlobalChange]:
+    """A draw from a global generator while traced is global state the compiled program
+    cannot replay (it would repeat the trace's draw on every call, pytorch #130028's
+    problem in another form): the draw is undone and reported as a change. torch's own
+    generator is not among them: torch.rand in dispatch is an op of the graph."""
+    import random
+
+    changes = []
+    for (module, key, state), (_, key_now, state_now) in zip(before, _generator_states()):
+        if (key if key is not None else state) != (key_now if key_now is not None else state_now):
+            changes.append(GlobalChange(module, "<global generator>", "drawn from (a random number the compiled program would repeat)"))
+            if module == "random":
+                random.setstate(state)
+            else:
+                sys.modules["numpy"].random.set_state(state)
+    return changes
 
 
 def _class_state(cls: type) -> dict[str, Any]:
