@@ -42,9 +42,10 @@ fixed or a changing batch size, and user changes of the inputs' attributes betwe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from hypothesis import event
@@ -546,7 +547,7 @@ class Program:
     break_top: bool = False  # the graph break in the compiled function itself, not in the op loop
     reads_globals: bool = False  # user code reads GAIN and TABLE too (returned as outputs)
 
-    def _steps(self, vals: list, lo: int, hi: int, brk: bool) -> list:
+    def _steps(self, vals: list, lo: int, hi: int, brk: bool, at_break: Callable[[], None] | None = None) -> list:
         for k in range(lo, hi):
             op, i, j = self.steps[k]
             a, b = vals[i % len(vals)], vals[j % len(vals)]
@@ -558,11 +559,14 @@ class Program:
                 vals.append(a.sin())
             if brk and self.break_after == k:
                 torch._dynamo.graph_break()
+                if at_break is not None:
+                    at_break()
         return vals
 
-    def __call__(self, *xs):
-        """The program, its graph break (if any) inside the op loop of this nested frame."""
-        return self.tail(self._steps(list(xs), 0, len(self.steps), True), len(xs))
+    def __call__(self, *xs, at_break: Callable[[], None] | None = None):
+        """The program, its graph break (if any) inside the op loop of this nested frame;
+        ``at_break`` (eager runs only) is called where the graph breaks."""
+        return self.tail(self._steps(list(xs), 0, len(self.steps), True, at_break), len(xs))
 
     def head(self, xs: Sequence[Any]) -> list:
         """The ops up to the graph break (``break_top``: the caller breaks the graph)."""
@@ -863,6 +867,73 @@ def gradient_read_justified(exc: BaseException, spec: Spec, program: Program, ba
     return dict(spec.ctor).get(e.attr) != spec.unflatten[1]
 
 
+def backward_change_justified(exc: BaseException, at_break: dict | None, after: dict, read: set) -> bool:
+    """A ``changed_before_backward`` refusal when a compiled backward runs is allowed where it
+    is true: the program's graph break splits it into graphs; in eager, some object the
+    inputs reach held another value of the attribute the refusal names when the forward
+    returned than at the break (where the earlier graph's forward returned: a later graph's
+    forward moved it on before ``backward()``), and eager's backward read it there (so eager's
+    backward reads the new value, where the compiled one was traced with the old: README,
+    Limits). ``at_break`` / ``after``: id -> shallow picture of each reachable object;
+    ``read``: the (id, name) reads of eager's backward."""
+    e = _subclass_write_error(exc)
+    if e is None or e.kind is not RefusalKind.CHANGED_BEFORE_BACKWARD or at_break is None:
+        return False
+    return any(
+        oid in after and _value_key(pic.get(e.attr)) != _value_key(after[oid].get(e.attr)) and (oid, e.attr) in read
+        for oid, pic in at_break.items()
+    )
+
+
+def _value_key(v: Any) -> Any:
+    if v is None or v[0] != "tensor":
+        return v
+    return (v[0], v[1:5], v[5].tolist())
+
+
+def _reachable(objs: Sequence[Any], depth: int = 0) -> list[Any]:
+    """The inputs and the subclasses nested in them (inner tensors, attributes)."""
+    out = []
+    for o in objs:
+        if is_traceable_wrapper_subclass(o):
+            out.append(o)
+            if depth < 3:
+                out.extend(_reachable([v for v in vars(o).values() if isinstance(v, torch.Tensor) and v is not o], depth + 1))
+    return out
+
+
+@contextlib.contextmanager
+def _reads_logged(classes: Sequence[type], log: set) -> Iterator[None]:
+    """Record every attribute read on instances of ``classes`` (the test's own classes) as
+    ``(id(obj), name)`` while the block runs; eager runs only."""
+    saved = {}
+    for cls in classes:
+        saved[cls] = cls.__dict__.get("__getattribute__")
+        base = cls.__getattribute__
+
+        def logged(obj, name, _base=base):
+            log.add((id(obj), name))
+            return _base(obj, name)
+
+        cls.__getattribute__ = logged
+    try:
+        yield
+    finally:
+        for cls, previous in saved.items():
+            if previous is None:
+                del cls.__getattribute__
+            else:
+                cls.__getattribute__ = previous
+
+
+def _subclass_write_error(exc: BaseException) -> Any:
+    e, seen = exc, set()
+    while e is not None and not isinstance(e, dynamo_ext.SubclassWriteError) and id(e) not in seen:
+        seen.add(id(e))
+        e = getattr(e, "inner_exception", None) or e.__cause__ or e.__context__
+    return e if isinstance(e, dynamo_ext.SubclassWriteError) else None
+
+
 def refusal_kind(exc: BaseException) -> RefusalKind | None:
     """The dynamo_ext refusal carried by ``exc`` or its causes (Unsupported naming
     ``dynamo_ext: <kind>``, or a SubclassWriteError inside BackendCompilerFailed)."""
@@ -927,12 +998,14 @@ def _run_case(spec: Spec, program: Program, backend: str) -> None:
     # left, as in stock: See Note [An output holding an input subclass] and plan_outputs).
     ignore: frozenset = frozenset()
 
-    def fn(*xs):
+    def fn(*xs, at_break=None):
         if program.splits_at_top:
             vals = program.head(xs)
             torch._dynamo.graph_break()
+            if at_break is not None:
+                at_break()
             return program.tail(vals, len(xs), program.break_after + 1)
-        return program(*xs)
+        return program(*xs, at_break=at_break)
 
     counter = CompileCounterWithBackend(backend)
     compiled = torch.compile(fn, backend=counter, fullgraph=fullgraph, dynamic=program.dynamic)
@@ -954,10 +1027,17 @@ def _run_case(spec: Spec, program: Program, backend: str) -> None:
             for i, (e, c) in enumerate(zip(e_in, c_in)):
                 assert_same_picture(picture(e), picture(c), f"{where}: before, input {i} (the user's change)")
         before = [picture(c) for c in c_in]
+        e_at_break: dict | None = None
+
+        def at_break():
+            nonlocal e_at_break
+            e_at_break = {id(o): picture(o) for o in _reachable(e_in)}
+
         try:
-            e_out = fn(*e_in)
+            e_out = fn(*e_in, at_break=at_break)
         except Exception as exc:  # the generator must only draw programs valid in eager
             raise AssertionError(f"{where}: the program raised in eager (a generator bug): {exc!r}") from exc
+        e_after = {id(o): picture(o) for o in _reachable(e_in)}
         try:
             c_out = compiled(*c_in)
         except Exception as exc:
@@ -972,8 +1052,16 @@ def _run_case(spec: Spec, program: Program, backend: str) -> None:
         assert not refused, f"{where}: expected a refusal {sorted(k.value for k in refused)}, compiled ran"
         assert_same_outputs(e_out, c_out, where, ignore)
         if program.requires_grad:
-            _backward(e_out)
-            _backward(c_out)
+            e_read: set = set()
+            with _reads_logged([c for c in (cls, inner_cls) if c is not None], e_read):
+                _backward(e_out)
+            try:
+                _backward(c_out)
+            except Exception as exc:
+                if not backward_change_justified(exc, e_at_break, e_after, e_read):
+                    raise
+                _event("refused when the backward ran: changed_before_backward (a later graph moved state on)")
+                return
             for i, (e, c) in enumerate(zip(e_in, c_in)):
                 assert (c.grad is None) == (e.grad is None), f"{where}: input {i}: grad {c.grad} vs eager {e.grad}"
                 if e.grad is not None:

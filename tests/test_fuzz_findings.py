@@ -445,6 +445,25 @@ FOUND = [
         "amic=None,batch='same',changes=(),ext_changes=(),break_top=True,reads_globals=False)",
         "aot_eager",
     ),
+    # An oracle finding (the package was right): a graph break at the top splits the program
+    # into two graphs; the second's add writes ``a`` (in the ctx) on x, which the first graph's
+    # backward reads (sin's backward dispatches cos on x, wrapping it with x's ctx). Eager's
+    # backward reads the new value; the compiled one was traced with the old, so it is refused
+    # when it runs (changed_before_backward, README Limits). The oracle now allows exactly
+    # this: the attribute moved on between the break and the forward's end, and eager's
+    # backward read it on that object (fuzz_parts.backward_change_justified).
+    pytest.param(
+        "Spec(writes=(Write(op='sin',kind='sym_acc',attr='a',in_ctx=True,grows_flatten=False),Write(op='add',"
+        "kind='constant',attr='a',in_ctx=True,grows_flatten=False)),ctor=(('step','cold'),),unflatten=None,g"
+        "etattr_kind=None,getattr_reads=(GetattrRead(op='add',name='scale',use='attr'),),ext_reads=(ExtRead("
+        "op='add',source='global_const',use='attr'),ExtRead(op='add',source='global_const',use='attr')),inne"
+        "r=None,inner_writes=(),alias='static',alias_op='add',alias_use=True)",
+        "Program(n_inputs=3,steps=(('add',0,0),('sin',0,0),('add',0,0),('add',0,0)),break_after=1,requires_g"
+        "rad=True,calls=2,dynamic=None,batch='same',changes=(Change(call=1,input=0,what='set',attr='a',value"
+        "='zero_f'),Change(call=1,input=0,what='set',attr='a',value='zero_f')),ext_changes=((1,'global_const'"
+        ",0.5),(1,'global_dict',2.0)),break_top=True,reads_globals=True)",
+        "aot_eager",
+    ),
     # Silent gradients, now refused: ``__tensor_unflatten__`` sets ``scale = 0`` outside the
     # ctx, ``__new__`` does not; dispatch multiplies mul's result by
     # ``getattr(first, "scale", 1.0)``. In eager the gradients the backward's dispatch sees are
