@@ -117,6 +117,21 @@ def register_ctx_state(cls: type | None = None, *, replay: Callable[[Any, dict, 
     return register(cls) if cls is not None else register
 
 
+_REBINDERS: list[Callable[[Any, dict[int, Any]], None]] = []
+
+
+def register_rebinder(rebind: Callable[[Any, dict[int, Any]], None]) -> None:
+    """``rebind(output, {id(old): new})``: make a compiled output hold ``new`` where its ctx
+    holds ``old`` (See Note [Objects dispatch makes, per shape] in plan.py)."""
+    if rebind not in _REBINDERS:
+        _REBINDERS.append(rebind)
+
+
+def rebind_held(output: Any, mapping: dict[int, Any]) -> None:
+    for rebind in _REBINDERS:
+        rebind(output, mapping)
+
+
 def replayer_for(obj: Any) -> Callable[[Any, dict, dict], None]:
     return _REPLAYERS.get(type(obj), replay_if_unchanged)
 

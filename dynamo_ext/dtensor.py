@@ -11,6 +11,8 @@ eager does, and keeps a fake copy of a pending partial result from reducing it.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import threading
 from typing import Any, Callable, Iterator
 
@@ -42,6 +44,30 @@ def register_defaults() -> None:
     from torch.distributed.tensor._ops._mask_buffer import MaskBuffer
 
     capture.register_ctx_state(MaskBuffer, replay=replay_mask_buffer)
+    capture.register_rebinder(rebind_mask_buffers)
+
+
+def rebind_mask_buffers(t: Any, mapping: dict[int, Any]) -> None:
+    """A compiled output's ``_MaskPartial`` placements hold the buffers ``mapping`` gives for
+    the ones they were traced with (See Note [Objects dispatch makes, per shape] in plan.py):
+    a new spec, so outputs of other calls keep theirs."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import _MaskPartial
+
+    if not isinstance(t, DTensor):
+        return
+    spec = t._spec
+    if not any(isinstance(p, _MaskPartial) and id(p.mask_buffer) in mapping for p in spec.placements):
+        return
+    placements = tuple(
+        dataclasses.replace(p, mask_buffer=mapping[id(p.mask_buffer)])
+        if isinstance(p, _MaskPartial) and id(p.mask_buffer) in mapping
+        else p
+        for p in spec.placements
+    )
+    spec = copy.copy(spec)
+    spec.placements = placements
+    t._spec = spec
 
 
 # Note [A pending DTensor mask in a fake copy]

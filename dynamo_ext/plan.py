@@ -14,6 +14,7 @@ AOTAutogradCache entry and a hit replays it.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import math
@@ -251,6 +252,38 @@ class Replay:
             (w.output_index, w.path, w.name, w.value_from, w.value) for w in plan.writes if w.output_index >= 0
         ]
         self._cut = plan.n_extra
+        # Objects the traced code made, held by the outputs' ctx: See Note [Objects dispatch
+        # makes, per shape]. id -> (object, {attribute: its value when made})
+        self._born: dict[int, tuple[Any, dict[str, Any]]] = {}
+        for w in plan.writes:
+            if w.obj is not None and w.born >= 0:
+                self._born.setdefault(id(w.obj), (w.obj, {}))[1].setdefault(w.name, w.entry)
+        self._first_shapes: tuple | None = None
+        self._by_shapes: dict[tuple, dict[int, Any]] = {}
+
+    def _born_for(self, inputs: Sequence[Any]) -> dict[int, Any] | None:
+        """Note [Objects dispatch makes, per shape]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        An object dispatch makes and an output's ctx holds (DTensor's ``MaskBuffer`` in a
+        partial embedding's placement) is baked into the compiled outputs: the first pass's.
+        In eager, DTensor's sharding-propagation cache, keyed by the inputs' shapes, hands
+        the same buffer to every call of one shape and another to each other shape: masks
+        of calls of different lengths are pending at once, a second mask of the same shape
+        counts one more or conflicts. A graph compiled for dynamic shapes serves every
+        length, so at run time each distinct set of input shapes gets its own copy of the
+        object as it was made (the first set keeps the traced one), and the outputs are
+        rebound to it (``capture.rebind_held``). None: the traced objects serve."""
+        shapes = tuple(tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor))
+        if self._first_shapes is None:
+            self._first_shapes = shapes
+        if shapes == self._first_shapes:
+            return None
+        mapping = self._by_shapes.get(shapes)
+        if mapping is None:
+            if len(self._by_shapes) >= _MAX_SHAPES:
+                self._by_shapes.pop(next(iter(self._by_shapes)))
+            mapping = self._by_shapes[shapes] = {oid: _as_made(obj, made) for oid, (obj, made) in self._born.items()}
+        return mapping
 
     def strip(self, out: Any) -> tuple[Any, Sequence[Any]]:
         """Split the compiled callable's outputs into the caller's and the extra ones."""
@@ -259,7 +292,7 @@ class Replay:
         cut = len(out) - self._cut
         return type(out)(out[:cut]), out[cut:]
 
-    def apply(self, inputs: Sequence[Any], extras: Sequence[Any]) -> None:
+    def apply(self, inputs: Sequence[Any], extras: Sequence[Any], born: dict[int, Any] | None = None) -> None:
         """Set the planned writes on the real objects, in the order dispatch made them;
         writes on a shared state object go to its replay function, as one set."""
         shared: dict[int, tuple[Any, dict[str, Any], dict[str, Any]]] = {}
@@ -267,6 +300,8 @@ class Replay:
             if value_from is not ValueFrom.CONSTANT:
                 value = _resolve(value_from, value, inputs, extras)
             if obj is not None:
+                if born is not None:
+                    obj = born.get(id(obj), obj)
                 _, entries, values = shared.setdefault(id(obj), (obj, {}, {}))
                 entries.setdefault(name, entry)
                 values[name] = value
@@ -291,7 +326,11 @@ class Replay:
                 continue
             setattr(target, name, value)
         out, extras = self.strip(out)
-        self.apply(inputs, extras)
+        born = self._born_for(inputs) if self._born else None
+        if born is not None:
+            for leaf in pytree.tree_leaves(out):
+                capture.rebind_held(leaf, born)
+        self.apply(inputs, extras, born)
         if self.plan.backward_armed:
             self.arm_backward(inputs, out)
         return out
@@ -374,6 +413,20 @@ class Replay:
                 setattr(run_with_replay, attr, getattr(compiled, attr))
         run_with_replay.__wrapped__ = compiled  # type: ignore[attr-defined]
         return run_with_replay
+
+
+_MAX_SHAPES = 1024  # sets of input shapes a graph keeps made objects for (See Note [Objects dispatch makes, per shape])
+
+
+def _as_made(obj: Any, made: dict[str, Any]) -> Any:
+    """A copy of ``obj`` holding what it held when the traced code made it."""
+    fresh = copy.copy(obj)
+    for name, value in made.items():
+        if value is MISSING:
+            capture.obj_dict(fresh).pop(name, None)
+        else:
+            setattr(fresh, name, value)
+    return fresh
 
 
 def _compiled_backward_node(out: Any) -> Any:

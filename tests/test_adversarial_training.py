@@ -438,6 +438,50 @@ def test_dtensor_dynamic_seq_partial_returned_fullgraph_false(mesh, fresh_dtenso
     _assert_eager_still_works(mesh, reference)
 
 
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breakable"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_dtensor_partial_pending_across_a_call_of_another_length(mesh, fresh_dtensor_caches, backend, fullgraph, requires_grad):
+    """Call i's partial is reduced after call i+1 ran with another sequence length. In eager the
+    two use different MaskBuffers (DTensor's sharding cache is keyed by the shapes), so both
+    masks are pending at once; under automatic dynamic shapes one compiled graph serves every
+    length and must not make them share one buffer ("conflicting data"). Same-length calls
+    share one, as in eager."""
+    lengths = [5, 7, 3, 9, 3, 6]
+
+    def run(fn, w):
+        log, prev, bufs = [], None, {}
+        for call, L in enumerate(lengths):
+            cur = fn(_ids(mesh, (2, L), call), w)
+            bufs.setdefault(L, []).append(cur.placements[0].mask_buffer)
+            state = _pending(cur, f"call {call}")
+            if prev is not None:
+                red = prev.full_tensor()
+                log.append((state, red))
+                if requires_grad:
+                    red.sum().backward()
+                    log.append(_local_grad(w))
+            prev = cur
+        log.append(prev.full_tensor())
+        sharing = {L: [b is bs[0] for b in bs] for L, bs in bufs.items()}
+        return log, sharing
+
+    w_e, w_c = _weight(mesh, requires_grad), _weight(mesh, requires_grad)
+    e_log, e_sharing = run(_embed, w_e)
+    _clear_sharding_prop_cache()
+    c_log, c_sharing = run(torch.compile(_embed, backend=backend, fullgraph=fullgraph), w_c)
+    assert c_sharing == e_sharing
+    for k, (e, c) in enumerate(zip(e_log, c_log)):
+        if isinstance(e, tuple) and isinstance(e[0], dict):
+            _assert_same_pending(e[0], c[0], f"step {k}")
+            torch.testing.assert_close(c[1], e[1], rtol=0, atol=0)
+        elif isinstance(e, tuple):
+            assert c[1] == e[1]
+            torch.testing.assert_close(c[0], e[0], rtol=0, atol=0)
+        else:
+            torch.testing.assert_close(c, e, rtol=0, atol=0)
+
+
 @pytest.mark.inductor
 def test_dtensor_two_pending_partials_inductor(mesh, fresh_dtensor_caches):
     _run_two_pending(mesh, "inductor", True, calls=2)
