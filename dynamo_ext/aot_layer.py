@@ -574,7 +574,9 @@ class Planner:
             elif key[2] not in recorded.get(id(real), ()):
                 self.backward_checks[key] = "identity" if isinstance(value, torch.Tensor) else "value"
             else:
-                k = next((k for k, o in enumerate(self.outputs) if o is value), None)
+                # a symbolic value is the output computing the same expression (the graph's
+                # own copy of the forward's arithmetic is another SymInt object)
+                k = next((k for k, o in enumerate(self.outputs) if o is value or _same_symbol(o, value)), None)
                 if k is None:
                     raise SubclassWriteError(
                         RefusalKind.CHANGED_BEFORE_BACKWARD, "traced backward", key[2], type(value).__name__,
@@ -783,6 +785,35 @@ def _track_tree(scope: Scope, obj: Any, real: Any, where: _Where) -> None:
             _track_tree(scope, inner, inner_real, inner_where)
         elif scope.lookup(inner) is None:
             scope.track(inner, inner_real, inner_where, plain_inner=True)
+
+
+def _refuse_symbolic_gradient_ctx(joint_out: Any) -> None:
+    """Note [A gradient's ctx made from sizes or counts]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    The compiled backward rebuilds each gradient that is a subclass from the flatten ctx
+    it traced: a symbolic value there (a row count, a counter dispatch copied from an input
+    under dynamic shapes) is baked at the trace's hint, so later calls' gradients would hold
+    a stale value where eager's backward computes it again. Refused (no run-time epilogue
+    sets a gradient's state); torch's own subclasses (DTensor's shapes in its spec) are
+    torch's business."""
+    final = joint_out[0] if isinstance(joint_out[0], tuple) and len(joint_out[0]) == 2 else joint_out
+    for grad in pytree.tree_leaves(final[1]):
+        if _is_subclass(grad) and free_state.is_user_class(type(grad)):
+            ctx = grad.__tensor_flatten__()[1]
+            if contains_symbolic(ctx):
+                raise SubclassWriteError(
+                    RefusalKind.WRITE_IN_BACKWARD, type(grad).__name__, "<flatten ctx>", type(ctx).__name__,
+                    f"a gradient's flatten ctx holds a value computed from sizes or a count ({ctx!r}, symbolic "
+                    "while traced): the compiled backward would rebuild every gradient with the traced one",
+                )
+
+
+def _same_symbol(a: Any, b: Any) -> bool:
+    """Two symbolic values of one trace standing for the same expression."""
+    if not (isinstance(a, SYMBOLIC_TYPES) and type(a) is type(b)):
+        return False
+    ea, eb = getattr(a.node, "expr", None), getattr(b.node, "expr", None)
+    return ea is not None and a.node.shape_env is b.node.shape_env and ea == eb
 
 
 def _watch_classes(objs: Any) -> free_state.ModuleWatch:
@@ -1256,6 +1287,7 @@ def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                         f"{changes[0].module}.{changes[0].name}", changes[0].what,
                         context="in the backward: " + ", ".join(f"{c.module}.{c.name} ({c.what})" for c in changes),
                     )
+                _refuse_symbolic_gradient_ctx(out)
                 return out
             finally:
                 planner.in_joint = False

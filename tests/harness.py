@@ -141,6 +141,22 @@ class Outcome:
         return self.counter.frame_count
 
 
+def _assert_same_grad_ctx(e: torch.Tensor, c: torch.Tensor, where: str) -> None:
+    """A subclass gradient's flatten ctx, by type and value (no SymInt of a trace)."""
+    assert type(c) is type(e), f"{where}: {type(c).__name__} vs eager {type(e).__name__}"
+    if is_traceable_wrapper_subclass(e):
+        e_ctx, c_ctx = e.__tensor_flatten__()[1], c.__tensor_flatten__()[1]
+        assert repr(c_ctx) == repr(e_ctx) and _types(c_ctx) == _types(e_ctx), f"{where}: ctx {c_ctx!r} vs eager {e_ctx!r}"
+
+
+def _types(v: Any) -> Any:
+    if isinstance(v, (tuple, list)):
+        return tuple(_types(x) for x in v)
+    if isinstance(v, dict):
+        return tuple((k, _types(x)) for k, x in v.items())
+    return type(v).__name__
+
+
 def differential(
     fn: Callable[..., Any],
     make_inputs: Callable[[], Sequence[Any]],
@@ -170,6 +186,7 @@ def differential(
                     assert (c.grad is None) == (e.grad is None), f"input {i}: grad {c.grad} vs eager {e.grad}"
                     if e.grad is not None:
                         torch.testing.assert_close(plain(c.grad), plain(e.grad))
+                        _assert_same_grad_ctx(e.grad, c.grad, f"input {i} grad")
                     e.grad = c.grad = None
         for i, (e, c) in enumerate(zip(eager_inputs, compiled_inputs)):
             if isinstance(e, torch.Tensor):

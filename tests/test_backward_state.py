@@ -278,6 +278,112 @@ def test_a_later_forward_moves_a_count_the_backward_does_not_read(split):
     assert wc.step == 6
 
 
+class DividesByRows(Weight):
+    """The forward counts the rows it has seen in the flatten ctx (a SymInt expression under
+    dynamic shapes); the backward divides the weight's gradient by the count."""
+
+    def __tensor_flatten__(self):
+        return ["elem"], (self.rows,)
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        r = cls(inner["elem"])
+        r.rows = ctx[0]
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if torch.is_grad_enabled() and func is torch.ops.aten.mul.Tensor:
+            x = next(a for a in args if not isinstance(a, cls))
+            w = next(a for a in args if isinstance(a, cls))
+            w.rows = w.rows + x.shape[0]
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    @staticmethod
+    def backward_op(w, out):
+        return out / w.rows
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_the_backward_reads_a_size_the_forward_recorded(fullgraph):
+    """Under ``dynamic=True`` the count is a symbolic expression; the compiled backward reads it
+    as the forward wrote it (the graph returns it for the residual write: found by expression,
+    not identity), for every batch size."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=fullgraph, dynamic=True)
+    we, wc = DividesByRows(torch.linspace(0.5, 2.0, 4)), DividesByRows(torch.linspace(0.5, 2.0, 4))
+    we.requires_grad_(), wc.requires_grad_()
+    we.rows = wc.rows = 1
+    gen = torch.Generator().manual_seed(0)
+    for rows in (2, 3, 5, 3):
+        x = torch.randn(rows, 4, generator=gen)
+        fn(x, we).backward()
+        compiled(x.clone(), wc).backward()
+        assert type(wc.grad) is type(we.grad)
+        torch.testing.assert_close(wc.grad, we.grad)
+        assert type(wc.rows) is int and wc.rows == we.rows
+        we.grad = wc.grad = None
+
+
+class CountsRowsInCtx(torch.Tensor):
+    """Every sin counts the rows it saw in the flatten ctx, after the op; outputs (the
+    gradients the backward's dispatch makes too) carry the ctx of the op's first argument."""
+
+    @staticmethod
+    def __new__(cls, elem, rows=0, requires_grad=False):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, requires_grad=requires_grad)
+        r.elem, r.rows = elem, rows
+        return r
+
+    def __tensor_flatten__(self):
+        return ["elem"], (self.rows,)
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"], ctx[0])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        first = next(a for a in args if isinstance(a, cls))
+        out = func(*tree_map_only(cls, lambda t: t.elem, args), **tree_map_only(cls, lambda t: t.elem, kwargs or {}))
+        out = tree_map_only(torch.Tensor, lambda t: cls(t, first.rows), out)
+        if func is torch.ops.aten.sin.default:
+            first.rows = first.rows + first.elem.shape[0]
+        return out
+
+
+def _sin(x):
+    return x.sin()
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_gradient_whose_ctx_is_made_from_a_count(fullgraph):
+    """The backward's ``cos(x)`` copies x's row count into the gradient's ctx. Once the count is
+    symbolic (its first change recompiles with it dynamic), the compiled backward would
+    rebuild every gradient with the traced count (0, 3, 3 where eager has 0, 3, 6): refused
+    (write_in_backward) at that compile, the inputs untouched; without fullgraph the frame
+    runs eagerly and matches."""
+    torch._dynamo.reset()
+    compiled = torch.compile(_sin, backend="aot_eager", fullgraph=fullgraph, dynamic=True)
+    xe = CountsRowsInCtx(torch.linspace(0.5, 2.0, 6).reshape(3, 2), requires_grad=True)
+    xc = CountsRowsInCtx(torch.linspace(0.5, 2.0, 6).reshape(3, 2), requires_grad=True)
+    for call in range(4):
+        _sin(xe).sum().backward()
+        try:
+            out = compiled(xc)
+        except Exception as exc:
+            assert fullgraph and call == 1, f"call {call + 1}: {exc!r}"
+            assert "dynamo_ext: write_in_backward" in str(exc) and "gradient's flatten ctx" in str(exc)
+            assert xc.rows == 3 and xc.grad is None  # as the first call left them
+            return
+        out.sum().backward()
+        assert type(xc.grad) is CountsRowsInCtx and type(xc.grad.rows) is int
+        assert (xc.rows, xc.grad.rows) == (xe.rows, xe.grad.rows), f"call {call + 1}"
+        torch.testing.assert_close(xc.grad.elem, xe.grad.elem)
+        xe.grad = xc.grad = None
+    assert not fullgraph
+
+
 class ScalesByUserTensor(Weight):
     """The backward scales by a tensor the user keeps on the weight (outside the flatten
     list); ``READ_IN_FORWARD``: the forward uses it too."""

@@ -464,6 +464,19 @@ FOUND = [
         ",0.5),(1,'global_dict',2.0)),break_top=True,reads_globals=True)",
         "aot_eager",
     ),
+    # Loud, fixed: under dynamic=True sin writes ``a`` (a value accumulated from sizes, a
+    # SymInt) in the ctx, and sin's backward reads it (cos on x wraps with x's ctx). The
+    # backward's check found the graph output Dynamo replays the write from by identity; the
+    # graph's copy of the arithmetic is another SymInt object, so the compile was refused
+    # (changed_before_backward, "the graph does not return" it). Now matched by expression.
+    pytest.param(
+        "Spec(writes=(Write(op='sin',kind='sym_acc',attr='a',in_ctx=True,grows_flatten=False),),ctor=(),unfl"
+        "atten=None,getattr_kind=None,getattr_reads=(),ext_reads=(),inner=None,inner_writes=(),alias=None,al"
+        "ias_op='mul',alias_use=False)",
+        "Program(n_inputs=1,steps=(('sin',0,0),),break_after=None,requires_grad=True,calls=2,dynamic=True,bat"
+        "ch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
+        "aot_eager",
+    ),
     # Silent gradients, now refused: ``__tensor_unflatten__`` sets ``scale = 0`` outside the
     # ctx, ``__new__`` does not; dispatch multiplies mul's result by
     # ``getattr(first, "scale", 1.0)``. In eager the gradients the backward's dispatch sees are

@@ -152,13 +152,34 @@ def test_write_before_graph_break_read_after(backend):
     assert outcome.frames == 4  # 2 graphs per call; the tag changes every call
 
 
+def _mul3_sum(x):
+    return (x * 3).sum() * 2
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 @pytest.mark.parametrize("cls", [S.CounterTensor, S.CachingTensor, S.CallCounter])
 def test_requires_grad_forward_writes_and_grads(cls, backend):
-    def fn(x):
-        return (x * 3).sum() * 2
+    fullgraph = not (cls is S.CounterTensor and backend == "aot_eager")  # refused: the test below
+    differential(
+        _mul3_sum, lambda: [cls(torch.arange(4.0) + 1, requires_grad=True)], backend=backend, calls=3, backward=True,
+        fullgraph=fullgraph,
+    )
 
-    differential(fn, lambda: [cls(torch.arange(4.0) + 1, requires_grad=True)], backend=backend, calls=2, backward=True)
+
+def test_a_gradient_carrying_the_counter_in_its_ctx_is_refused_at_the_recompile():
+    """CounterTensor's outputs carry its ctx, the backward's gradients too: once the tag is a
+    symbolic input (its first change recompiles), the compiled backward would rebuild every
+    gradient with the traced tag (stock leaves a SymInt there). The recompile is refused,
+    the input untouched; ``fullgraph=False`` runs the frame eagerly (the test above)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(_mul3_sum, backend="aot_eager", fullgraph=True)
+    x = S.CounterTensor(torch.arange(4.0) + 1, requires_grad=True)
+    compiled(x).backward()
+    assert (x.tag, x.grad.tag) == (1, 4)
+    x.grad = None
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="dynamo_ext: write_in_backward"):
+        compiled(x)
+    assert x.tag == 1 and x.grad is None
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
