@@ -522,9 +522,14 @@ class FrameState:
             return False
         if is_code_object(value) and not isinstance(value, type):
             return False  # builtins, torch's ops
-        if is_immutable_constant(value) or (isinstance(value, PLAIN_MUTABLE) and not contains_tensor(value)):
+        if is_immutable_constant(value) or (isinstance(value, PLAIN_MUTABLE) and _holds_constants(value)):
             guards.constant(source, value)
             self.record.free_reads.append((owner, name, value))
+            return False
+        if isinstance(value, PLAIN_MUTABLE):
+            # a container of other things (``sys.modules``): not comparable by value; which
+            # one it is, is guarded
+            guards.guard(source, "ID_MATCH")
             return False
         if isinstance(value, type) or (isinstance(value, (tuple, frozenset)) and value and all(isinstance(v, type) for v in value)):
             guards.guard(source, "ID_MATCH")  # a class, or a tuple or frozenset of them (isinstance checks)
@@ -1022,6 +1027,20 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         return _propagate(state, node, tx, original, allow_non_graph_fake, tracked)
 
     return _get_fake_value_impl
+
+
+def _holds_constants(value: Any, depth: int = 0) -> bool:
+    """A plain container of constants, functions, classes and torch ops (a registry keyed by
+    op), which a guard can copy and compare: no tensors, modules or other objects."""
+    if depth > 8:
+        return False
+    if isinstance(value, dict):
+        return all(_holds_constants(k, depth + 1) and _holds_constants(v, depth + 1) for k, v in value.items())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return all(_holds_constants(v, depth + 1) for v in value)
+    if isinstance(value, bytearray) or is_immutable_constant(value):
+        return True
+    return is_code_object(value) and not isinstance(value, types.ModuleType)
 
 
 def _is_namespace(value: Any) -> bool:

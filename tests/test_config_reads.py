@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import sys
 import types
 
 import pytest
@@ -205,6 +206,19 @@ def test_a_module_level_config_object(backend, case):
     finally:
         flip(values[0])
         os.environ.pop("DYNAMO_EXT_TEST_FP8", None)
+
+
+class ReadsSysModules(ScaledWeight):
+    """A library probing what is imported (``sys.modules`` holds modules: not comparable by value)."""
+
+    @classmethod
+    def scale_of(cls, w):
+        return 2.0 if "numpy" in sys.modules else 1.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_container_of_modules_dispatch_reads(backend):
+    run_side_by_side(ReadsSysModules, lambda v: None, [None, None, None], backend, fullgraph=True)
 
 
 # --------------------------------------------------------------- helpers held in closures
