@@ -277,6 +277,8 @@ class Planner:
                 elif kind in (ValueKind.SYMBOLIC, ValueKind.TENSOR):
                     value_from, where = _graph_value(args, value, {}, extras)
                     planned.append(PlannedWrite(-1, path, name, value_from, where, output_index=k))
+                    if isinstance(value, torch.Tensor):
+                        first[id(value)] = name  # a later name holding the same tensor is its sibling
                 else:
                     # a list, an arbitrary object: nothing carries it to the run-time output,
                     # which __tensor_unflatten__ builds; refused unless that builds it too (a

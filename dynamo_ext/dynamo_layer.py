@@ -622,7 +622,7 @@ class FrameState:
             ref: Ref | None = t.data
             if ref is None:
                 continue  # an object made by the trace, not reachable from the graph
-            if t.real is None and _is_sibling_alias(t, w) and (id(t.obj), w.name) not in self.stored:
+            if t.real is None and _is_sibling_alias(t, w, self.stored) and (id(t.obj), w.name) not in self.stored:
                 # ``y.cache = y.elem`` (or ``y.a = y.elem``, ``a`` not flattened) on a tensor the
                 # graph computes, not written before in this frame: the graph's outputs are
                 # built with that aliasing (the AOTAutograd layer restores it on rebuilt
@@ -775,14 +775,20 @@ class FrameState:
         return wrap_fx_proxy(self.tx, proxy)
 
 
-def _is_sibling_alias(t: Tracked, w: Write) -> bool:
+def _is_sibling_alias(t: Tracked, w: Write, stored: set) -> bool:
     """``w`` puts one of ``t``'s flattened inner tensors under a second name (flattened or
-    not: ``self.a = self.elem``)."""
+    not: ``self.a = self.elem``), or a tensor another attribute holds that this frame's
+    residual bytecode does not write (one its constructor set: ``self.seen = self.a``)."""
     names = capture._flatten_names(t.obj)
     if not isinstance(w.value, torch.Tensor):
         return False
     d = capture.obj_dict(t.obj)
-    return any(d.get(other) is w.value for other in names if other != w.name)
+    if any(d.get(other) is w.value for other in names if other != w.name):
+        return True
+    return any(
+        held is w.value and other != w.name and other not in names and (id(t.obj), other) not in stored
+        for other, held in d.items()
+    )
 
 
 @functools.cache

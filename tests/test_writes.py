@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any, Callable
 
 import pytest
+from torch.utils._pytree import tree_map_only
 import torch
 
 import dynamo_ext
@@ -585,3 +586,70 @@ def test_a_nan_written_by_dispatch(backend):
     x = WritesNan(torch.arange(3.0))
     compiled(x)
     assert math.isnan(x.v) and x.w == float("-inf")
+
+
+class _Quantized(torch.Tensor):
+    """An inner subclass (a stand-in for a quantized payload)."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
+        r.elem = elem
+        return r
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = func(*tree_map_only(cls, lambda t: t.elem, args), **tree_map_only(cls, lambda t: t.elem, kwargs or {}))
+        return tree_map_only(torch.Tensor, cls, out)
+
+
+class KeepsReference(torch.Tensor):
+    """Wraps a quantized payload and keeps a reference copy of it, made when built; a matmul
+    records which reference it used."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
+        r.elem = elem
+        r.ref = elem.clone()
+        return r
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.mul.Tensor:
+            args[0].used = args[0].ref
+        out = func(*tree_map_only(cls, lambda t: t.elem, args), **tree_map_only(cls, lambda t: t.elem, kwargs or {}))
+        return tree_map_only(_Quantized, cls, out)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_an_intermediate_records_a_tensor_its_constructor_set(backend):
+    """``used`` on a returned intermediate is the very tensor its constructor put in ``ref``,
+    as in eager (a separately rebuilt graph output replaced it)."""
+
+    def fn(x):
+        y = x + x
+        return y, y * x
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    for call in range(2):
+        ye, _ = fn(KeepsReference(_Quantized(torch.arange(4.0))))
+        yc, _ = compiled(KeepsReference(_Quantized(torch.arange(4.0))))
+        assert ye.used is ye.ref
+        assert yc.used is yc.ref, f"call {call + 1}"
+        torch.testing.assert_close(yc.ref.elem, ye.ref.elem)
