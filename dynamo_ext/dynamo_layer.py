@@ -486,7 +486,7 @@ class FrameState:
                 self.watch.add_cell(f"{r.code_name}.{r.name}", r.cell)
                 holder = self.tx.output.install_global_by_id("__dynamo_ext_cell", r.cell)
                 source = AttrSource(GlobalSource(holder), "cell_contents")
-            retry |= self._guard_reached(source, r.value, r.module or f"<closure of {r.code_name}>", r.name)
+            retry |= self._guard_reached(source, r.value, r.module or f"<closure of {r.code_name}>", r.name, uses=r.uses)
         for cls in self.collector.new_classes():
             # ``cls.scale`` / ``type(w).scale`` in dispatch: the class of a tracked object
             if free_state.is_user_class(cls):
@@ -494,7 +494,9 @@ class FrameState:
                 retry |= self._guard_class_state(GlobalSource(holder), cls)
         return retry
 
-    def _guard_reached(self, source: Any, value: Any, owner: str, name: str, depth: int = 0) -> bool:
+    def _guard_reached(
+        self, source: Any, value: Any, owner: str, name: str, depth: int = 0, uses: free_state.Uses = free_state.Uses()
+    ) -> bool:
         """Note [State dispatch reaches outside the tensors]
         ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
         Dispatch code runs while traced, where Dynamo does not see it: whatever it reads
@@ -502,34 +504,67 @@ class FrameState:
         the code can reach through a global or closure variable (found statically,
         free_state.Collector) is guarded the way Dynamo guards a user's own: constants and
         plain containers of constants by value; functions and classes by identity, and a
-        class's own data attributes the code names (``Float8Linear.enabled``, ``cls.scale``)
-        as values reached through it; a user object, a registered state object or an
-        ``nn.Module`` (``MODEL.training``) is tracked, so each attribute read is answered
-        and guarded; a module object's attributes the code names as values reached through
-        it; a plain data holder of another library (a ``SimpleNamespace``, ``os.environ``)
-        by the value of what it holds. A draw from Python's or numpy's global generator is
-        refused (free_state._restore_generators). Returns True when the op must run again
-        (an object was tracked)."""
+        class's own data attributes the code reads (``Float8Linear.enabled``, ``cls.scale``)
+        as values reached through it; a user object or a registered state object is
+        tracked, so each attribute read is answered and guarded; the attributes the code
+        reads off a module object, an ``nn.Module`` (``model.training``, read without
+        hooking torch's module classes) or a ``SimpleNamespace``, the items of another
+        container, a partial's function and arguments and a bound method's owner, each as
+        a value reached through it; a mapping of another library (``os.environ``) by the
+        value of all it holds. Which attributes: the chains the code reads right after
+        loading the value (``free_state.Uses``: ``Config.enabled`` guards ``enabled``, not
+        a ``Config.step`` the training loop bumps), every name the code reads where it
+        uses the value itself. A draw from Python's or numpy's global generator is refused
+        (free_state._restore_generators). Returns True when the op must run again (an
+        object was tracked)."""
         from torch._dynamo.source import AttrSource
 
         if depth > 3 or isinstance(value, torch.Tensor):
             return False  # a tensor fake propagation cannot use anyway
+        names = uses.names(self.collector.names)
         if isinstance(value, types.ModuleType):
             self.watch.add_module_object(value)  # its attributes are globals too
-            return self._guard_module(source, value, depth)
-        if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
+            if value.__name__.split(".")[0] == "torch" or not isinstance(vars(value), dict):
+                return False  # torch's own modules are torch's state
+            return self._guard_attributes(source, vars(value), names, value.__name__, depth, uses)
+        if isinstance(value, types.FunctionType):
             guards.guard(source, "ID_MATCH")  # a helper rebound: its code is another
             return False
+        if isinstance(value, types.MethodType):
+            guards.guard(source, "ID_MATCH")
+            owner_of = value.__self__  # ``cfg.apply``: what the method reads on its owner
+            return self._guard_reached(AttrSource(source, "__self__"), owner_of, owner, name, depth + 1)
+        if isinstance(value, functools.partial):
+            guards.guard(source, "ID_MATCH")
+            retry = False
+            for part in ("func", "args", "keywords"):
+                retry |= self._guard_reached(AttrSource(source, part), getattr(value, part), owner, name, depth + 1)
+            return retry
         if is_code_object(value) and not isinstance(value, type):
             return False  # builtins, torch's ops
         if is_immutable_constant(value) or (isinstance(value, PLAIN_MUTABLE) and _holds_constants(value)):
             guards.constant(source, value)
             self.record.free_reads.append((owner, name, value))
             return False
-        if isinstance(value, PLAIN_MUTABLE):
-            # a container of other things (``sys.modules``): not comparable by value; which
-            # one it is, is guarded
+        if type(value) in (dict, list, tuple) and len(value) <= _MAX_ITEMS_GUARDED:
+            # a container of other things (a hook registry, ``G["args"]``): which one it is,
+            # and its items as values reached through it (a dict's by the keys the code
+            # reads where it does not use the dict itself)
+            from torch._dynamo.source import DictGetItemSource, GetItemSource
+
             guards.guard(source, "ID_MATCH")
+            guards.lambda_(source, lambda obj, n=len(value): len(obj) == n, f" has {len(value)} items")
+            retry = False
+            if isinstance(value, dict):
+                for key, item in list(value.items()):
+                    if is_immutable_constant(key) and (not isinstance(key, str) or uses.bare or key in self.collector.names):
+                        retry |= self._guard_reached(DictGetItemSource(source, key), item, owner, f"{name}[{key!r}]", depth + 1)
+            else:
+                for i, item in enumerate(value):
+                    retry |= self._guard_reached(GetItemSource(source, i), item, owner, f"{name}[{i}]", depth + 1)
+            return retry
+        if isinstance(value, PLAIN_MUTABLE):
+            guards.guard(source, "ID_MATCH")  # too many items to guard one by one (``sys.modules``)
             return False
         if isinstance(value, type) or (isinstance(value, (tuple, frozenset)) and value and all(isinstance(v, type) for v in value)):
             guards.guard(source, "ID_MATCH")  # a class, or a tuple or frozenset of them (isinstance checks)
@@ -539,9 +574,15 @@ class FrameState:
                 # again under the watch
                 retry |= self.watch.add_class(cls)
                 if isinstance(value, type) and free_state.is_user_class(cls):
-                    retry |= self._guard_class_state(source, cls, depth + 1)
+                    retry |= self._guard_class_state(source, cls, depth + 1, uses)
             return retry
-        if capture.is_registered(value) or isinstance(value, torch.nn.Module) or (
+        if isinstance(value, torch.nn.Module) or _is_namespace(value):
+            guards.guard(source, "ID_MATCH")
+            held = dict(vars(value))
+            if isinstance(value, torch.nn.Module):
+                held.update(value._modules)  # submodules read as attributes
+            return self._guard_attributes(source, held, names, f"{owner}.{name}", depth, uses)
+        if capture.is_registered(value) or (
             hasattr(value, "__dict__") and free_state.is_user_class(type(value)) and type(value).__module__ != "builtins"
         ):
             # A user object: its attribute reads are answered and guarded like a
@@ -552,13 +593,6 @@ class FrameState:
                 self.record.shared_objects.append(value)
                 return True
             return False
-        if _is_namespace(value):
-            # its attributes the code names, each as a value reached through it
-            guards.guard(source, "ID_MATCH")
-            retry = False
-            for attr in sorted(self.collector.names & vars(value).keys()):
-                retry |= self._guard_reached(AttrSource(source, attr), vars(value)[attr], f"{owner}.{name}", attr, depth + 1)
-            return retry
         held = _mapping_items(value)
         if held is not None:
             guards.guard(source, "ID_MATCH")
@@ -568,13 +602,26 @@ class FrameState:
         # Other objects (loggers, locks, torch's own): not state the program depends on.
         return False
 
-    def _guard_class_state(self, source: Any, cls: type, depth: int = 0) -> bool:
+    def _guard_attributes(
+        self, source: Any, held: dict, names: set[str], owner: str, depth: int, uses: free_state.Uses
+    ) -> bool:
+        """The attributes among ``names`` of an object holding ``held``, each as a value
+        reached through it."""
+        from torch._dynamo.source import AttrSource
+
+        retry = False
+        for attr in sorted(names & held.keys()):
+            if attr[:2] != "__":
+                retry |= self._guard_reached(AttrSource(source, attr), held[attr], owner, attr, depth + 1, uses.of(attr))
+        return retry
+
+    def _guard_class_state(self, source: Any, cls: type, depth: int = 0, uses: free_state.Uses = free_state.Uses()) -> bool:
         """The data attributes of a user class (and its user bases) that the dispatch code
-        names, as ``getattr(cls, name)`` resolves them: values reached through the class."""
+        reads off it, as ``getattr(cls, name)`` resolves them: values reached through the class."""
         from torch._dynamo.source import AttrSource
 
         retry, seen = False, set()
-        names = self.collector.names
+        names = uses.names(self.collector.names)
         for klass in cls.__mro__:
             if not free_state.is_user_class(klass) or klass.__module__ == "builtins":
                 continue
@@ -584,21 +631,7 @@ class FrameState:
                 seen.add(name)
                 if hasattr(type(value), "__get__") or isinstance(value, type):
                     continue  # methods, properties, descriptors; nested classes
-                retry |= self._guard_reached(AttrSource(source, name), value, cls.__qualname__, name, depth + 1)
-        return retry
-
-    def _guard_module(self, source: Any, module: types.ModuleType, depth: int) -> bool:
-        """The attributes of a module object that the dispatch code names (``cfg.SCALE``,
-        ``os.environ``), as values reached through it; torch's own modules are torch's state."""
-        from torch._dynamo.source import AttrSource
-
-        if module.__name__.split(".")[0] == "torch" or not isinstance(vars(module), dict):
-            return False
-        retry = False
-        for name in sorted(self.collector.names & vars(module).keys()):
-            if name[:2] == "__":
-                continue
-            retry |= self._guard_reached(AttrSource(source, name), vars(module)[name], module.__name__, name, depth + 1)
+                retry |= self._guard_reached(AttrSource(source, name), value, cls.__qualname__, name, depth + 1, uses.of(name))
         return retry
 
     # -- recording writes ---------------------------------------------------
@@ -1046,7 +1079,11 @@ def _holds_constants(value: Any, depth: int = 0) -> bool:
         return all(_holds_constants(v, depth + 1) for v in value)
     if isinstance(value, bytearray) or is_immutable_constant(value):
         return True
-    return is_code_object(value) and not isinstance(value, types.ModuleType)
+    # (a bound method holds its owner: not copied by a value guard)
+    return is_code_object(value) and not isinstance(value, (types.ModuleType, types.MethodType))
+
+
+_MAX_ITEMS_GUARDED = 64  # items of a container guarded one by one
 
 
 def _is_namespace(value: Any) -> bool:

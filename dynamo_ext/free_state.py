@@ -17,6 +17,7 @@ scale factor the user changes between calls would stay baked into the compiled g
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import dis
@@ -64,6 +65,61 @@ def loaded_globals(code: types.CodeType) -> tuple[str, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
+class Uses:
+    """How code uses a value it loads: the attribute chains it reads off it
+    (``Config.enabled`` -> ``("enabled",)``, ``os.environ.get`` -> ``("environ", "get")``),
+    and whether it also uses the value itself (passes it on, calls it, indexes it), where
+    any attribute may be read. See Note [State dispatch reaches outside the tensors]."""
+
+    paths: frozenset = frozenset()
+    bare: bool = True
+
+    def names(self, every: set[str]) -> set[str]:
+        """The attribute names read off the value (``every`` where it is used bare)."""
+        return set(every) if self.bare else {p[0] for p in self.paths}
+
+    def of(self, name: str) -> "Uses":
+        """How the value's attribute ``name`` is used."""
+        if self.bare:
+            return Uses()
+        tails = frozenset(p[1:] for p in self.paths if p[0] == name and len(p) > 1)
+        return Uses(tails, any(p[0] == name and len(p) == 1 for p in self.paths))
+
+    def __or__(self, other: "Uses") -> "Uses":
+        return Uses(self.paths | other.paths, self.bare or other.bare)
+
+
+_LOADS = ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF")
+_ATTRS = ("LOAD_ATTR", "LOAD_METHOD")
+
+
+@functools.lru_cache(maxsize=4096)
+def uses_in(code: types.CodeType) -> dict[str, Uses]:
+    """For each global or free variable ``code`` loads: how it uses it (attribute chains read
+    right after the load; bare otherwise). A store or delete of an attribute is not a read."""
+    ins = list(dis.get_instructions(code))
+    out: dict[str, Uses] = {}
+    for i, ins_i in enumerate(ins):
+        if ins_i.opname not in _LOADS:
+            continue
+        path: list[str] = []
+        j = i + 1
+        while j < len(ins) and ins[j].opname in _ATTRS:
+            path.append(ins[j].argval)
+            j += 1
+        after = ins[j].opname if j < len(ins) else ""
+        if path:
+            use = Uses(frozenset([tuple(path)]), False)
+        elif after in ("STORE_ATTR", "DELETE_ATTR"):
+            use = Uses(frozenset(), False)  # a write: the watch's business
+        else:
+            use = Uses()
+        name = ins_i.argval
+        out[name] = out[name] | use if name in out else use
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
 class FreeRead:
     """A global (``cell`` None) or closure variable (``cell`` set) user code can load."""
 
@@ -72,6 +128,7 @@ class FreeRead:
     value: Any
     cell: Any = None
     code_name: str = ""
+    uses: Uses = Uses()
 
 
 class Collector:
@@ -134,11 +191,16 @@ class Collector:
     def _expand(self, code: types.CodeType, f_globals: dict, cells: dict) -> None:
         queue = [(code, f_globals, cells)]
 
-        def follow(value: Any) -> None:
+        def follow(value: Any, depth: int = 0) -> None:
             for fn in _functions_of(value):
                 if is_user_code(fn.__code__.co_filename):
                     cells_of = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
                     queue.append((fn.__code__, fn.__globals__, cells_of))
+            if depth < 2 and type(value) in (dict, list, tuple):  # a registry of hooks
+                items = value.values() if isinstance(value, dict) else value
+                if len(items) <= _MAX_FOLLOWED:
+                    for item in list(items):
+                        follow(item, depth + 1)
 
         while queue:
             code, f_globals, cells = queue.pop()
@@ -166,13 +228,18 @@ class Collector:
         for code, f_globals, cells in new:
             module = f_globals.get("__name__")
             where = getattr(code, "co_qualname", code.co_name)
+            uses = uses_in(code)
             for name in loaded_globals(code):
                 if name in f_globals:
-                    yield FreeRead(module, name, f_globals[name], code_name=where)
+                    yield FreeRead(module, name, f_globals[name], code_name=where, uses=uses.get(name, Uses()))
             for key, cell in cells.items():
                 value = _cell_value(cell)
                 if value is not _NOTHING:  # an empty cell: nothing to guard
-                    yield FreeRead(None, key.split("#")[0], value, cell=cell, code_name=where)
+                    name = key.split("#")[0]
+                    yield FreeRead(None, name, value, cell=cell, code_name=where, uses=uses.get(name, Uses()))
+
+
+_MAX_FOLLOWED = 256  # items of a container whose functions are followed
 
 
 @functools.lru_cache(maxsize=4096)
@@ -330,6 +397,9 @@ class ModuleWatch:
             name: (dict(ns), {k: _contents(v) for k, v in ns.items() if type(v) in _CONTAINERS and k[:2] != "__"})
             for name, ns in self.modules.items()
         }
+        stateful = {
+            (name, k): (v, _inner_state(v)) for name, ns in self.modules.items() for k, v in ns.items() if type(v) in _STATEFUL
+        }
         class_attrs = {cls: _class_state(cls) for cls in self.classes}
         class_containers = {
             cls: {k: _contents(v) for k, v in attrs.items() if type(v) in _CONTAINERS} for cls, attrs in class_attrs.items()
@@ -385,9 +455,54 @@ class ModuleWatch:
                     if value is not None and not _same_contents(value, contents):
                         changes.append(GlobalChange(module_name.split("#")[0], key, "mutated in place"))
                         _refill(value, contents)
+            # last: undoing a counter's advance rebinds its global (after the bindings were put back)
+            for (module_name, key), (value, state) in stateful.items():
+                if _inner_state(value) != state:
+                    changes.append(GlobalChange(module_name.split("#")[0], key, "advanced through its methods"))
+                    _set_inner_state(self.modules[module_name], key, value, state)
 
 
 _ABSENT = object()
+
+
+def _stateful_types() -> tuple[type, ...]:
+    import collections
+    import itertools
+    import random
+
+    return (collections.deque, itertools.count, random.Random)
+
+
+_STATEFUL = _stateful_types()  # module globals whose state their own methods change
+
+
+def _inner_state(value: Any) -> Any:
+    """What a stateful global holds: a deque's items, a counter's position (``next(ids)``),
+    a generator instance's state."""
+    import random
+
+    if isinstance(value, random.Random):
+        return value.getstate()
+    if type(value).__name__ == "count":
+        return repr(value)
+    return tuple(value)
+
+
+def _set_inner_state(ns: dict, key: str, value: Any, state: Any) -> None:
+    """Undo what the trace did to a stateful global: in place where its type allows, else
+    (an ``itertools.count``, which has no setter) the global is bound to a counter at the
+    position it had."""
+    import itertools
+    import random
+
+    if isinstance(value, random.Random):
+        value.setstate(state)
+    elif type(value) is itertools.count:
+        args = ast.literal_eval(state[len("count") :])  # "count(5)" / "count(5, 2)"
+        ns[key] = itertools.count(*args) if isinstance(args, tuple) else itertools.count(args)
+    else:
+        value.clear()
+        value.extend(state)
 
 
 def _generator_states() -> list[tuple[str, Any, Any]]:

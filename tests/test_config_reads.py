@@ -298,3 +298,237 @@ def test_python_random_in_dispatch_is_refused_under_fullgraph(backend):
     assert "random" in str(info.value)
     assert random.getstate() == before  # the trace's draws are undone
     assert w.used == 0.0 and w.updates == 0
+
+
+# --------------------------------------------------------------- which attributes are guarded
+
+
+class Schedule:
+    """A schedule class: the training loop bumps ``step``; dispatch reads only ``enabled``."""
+
+    enabled = True
+    step = 0
+
+
+class CountsSteps(ScaledWeight):
+    """Has a ``step`` of its own, which dispatch reads too (the same name as Schedule's)."""
+
+    def __init__(self, data):
+        super().__init__(data)
+        self.step = 0
+
+    @classmethod
+    def scale_of(cls, w):
+        w.step = w.step + 1
+        return 2.0 if Schedule.enabled else 1.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_class_attribute_the_loop_bumps_and_dispatch_does_not_read(backend):
+    """``Schedule.enabled`` is guarded, not ``Schedule.step``: the loop bumping it recompiles
+    nothing (the weight's own count compiles twice, as any counter)."""
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
+    compiled = torch.compile(mm, backend=counter)
+    we, wc = CountsSteps(torch.ones(2, 2)), CountsSteps(torch.ones(2, 2))
+    x = torch.ones(2, 2)
+    try:
+        for call in range(8):
+            Schedule.step += 1
+            Schedule.enabled = call < 5
+            torch.testing.assert_close(compiled(x, wc), mm(x, we))
+            assert_same_state(we, wc, f"call {call + 1}")
+    finally:
+        Schedule.enabled, Schedule.step = True, 0
+    assert counter.frame_count <= 3  # static, the count dynamic, enabled flipped
+
+
+def _hook_reads_the_class(w):
+    return type(w).FACTOR
+
+
+HOOKS = {"scale": _hook_reads_the_class}
+
+
+class UsesRegisteredHook(ScaledWeight):
+    """A library calls a hook the user registered in its table; the hook reads a class attribute
+    without naming the class."""
+
+    FACTOR = 2.0
+
+    @classmethod
+    def scale_of(cls, w):
+        return HOOKS["scale"](w)
+
+
+class _Options:
+    def __init__(self):
+        self.factor = 2.0
+
+    def apply(self, w):
+        return self.factor
+
+
+OPTIONS = _Options()
+REGISTRY = {"args": types.SimpleNamespace(factor=2.0), "apply": OPTIONS.apply}
+APPLY = OPTIONS.apply
+
+
+class ReadsThroughRegistry(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return REGISTRY["args"].factor
+
+
+class CallsRegisteredMethod(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return REGISTRY["apply"](w)
+
+
+class CallsBoundMethod(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return APPLY(w)
+
+
+def _set_factor(v):
+    UsesRegisteredHook.FACTOR = v
+    REGISTRY["args"].factor = v
+    OPTIONS.factor = v
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cls", [UsesRegisteredHook, ReadsThroughRegistry, CallsRegisteredMethod, CallsBoundMethod])
+def test_config_reached_through_a_registry_or_a_method(backend, cls):
+    """A hook held in a dict, an object held in a dict, a bound method (in a dict or a global)
+    whose owner holds the config: each flip recompiles, as eager reads the new value."""
+    try:
+        run_side_by_side(cls, _set_factor, [2.0, 3.0, 3.0, 5.0], backend)
+    finally:
+        _set_factor(2.0)
+
+
+class _TiedModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(FakeQuantInTraining(torch.randn(6, 4)))
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, ids):
+        return torch.nn.functional.linear(self.lin(torch.nn.functional.embedding(ids, self.w)), self.w)
+
+
+ROOT = None  # the model being compiled, as a library keeps a handle to it
+
+
+class FakeQuantInTraining(torch.Tensor):
+    """Fake-quantizes (doubles) its data while the root model trains; reads nothing else."""
+
+    @staticmethod
+    def __new__(cls, data):
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype, requires_grad=data.requires_grad)
+
+    def __init__(self, data):
+        self._data = data
+
+    def __tensor_flatten__(self):
+        return ["_data"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["_data"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func in (aten.detach.default, aten.alias.default):
+            return cls(args[0]._data.detach())
+
+        def unwrap(t):
+            return t._data * 2 if ROOT.training else t._data
+
+        return func(*tree_map_only(cls, unwrap, args), **tree_map_only(cls, unwrap, kwargs or {}))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dispatch_reads_the_compiled_model_s_training_flag(backend):
+    """The root model, reached through a global, is guarded by its attributes, not hooked: the
+    tied weight's model trains with every gradient eager gives (they were lost)."""
+    global ROOT
+    grads = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        ROOT = model = _TiedModel()
+        run = torch.compile(model, backend=backend) if compiled else model
+        outs = []
+        for training in (True, False, True):
+            model.train(training)
+            out = run(torch.tensor([1, 2, 3]))
+            outs.append(out.detach().clone())
+            if training:
+                out.sum().backward()
+        grads.append((outs, {n: p.grad for n, p in model.named_parameters()}))
+    ROOT = None
+    (e_outs, e_grads), (c_outs, c_grads) = grads
+    for e, c in zip(e_outs, c_outs):
+        torch.testing.assert_close(c, e)
+    for name, g in e_grads.items():
+        assert c_grads[name] is not None, f"{name}: gradient lost"
+        torch.testing.assert_close(c_grads[name], g)
+
+
+# --------------------------------------------------------------- globals advanced through their methods
+
+import collections  # noqa: E402
+import itertools  # noqa: E402
+
+OP_IDS = itertools.count()
+RECENT = collections.deque(maxlen=4)
+RNG = random.Random(0)
+
+
+class NumbersItsOps(ScaledWeight):
+    """Gives every matmul an id from a module-level counter, logs it in a bounded deque and
+    jitters by a draw from its own generator."""
+
+    @classmethod
+    def scale_of(cls, w):
+        w.op_id = next(OP_IDS)
+        RECENT.append(w.op_id)
+        return 1.0 + RNG.random()
+
+
+def _stateful_globals():
+    return repr(OP_IDS), tuple(RECENT), RNG.getstate()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_globals_advanced_through_their_methods(backend):
+    """``next(counter)``, ``deque.append`` and an own ``random.Random``'s draw change global
+    state no compiled program replays: refused under fullgraph with the state as it was;
+    without fullgraph the op runs eagerly and advances them as eager does."""
+    from fuzz_parts import refusal_kind
+
+    global OP_IDS
+    torch._dynamo.reset()
+    before = _stateful_globals()
+    with pytest.raises(Exception) as info:
+        torch.compile(mm, backend=backend, fullgraph=True)(torch.ones(2, 2), NumbersItsOps(torch.ones(2, 2)))
+    assert refusal_kind(info.value) is dynamo_ext.RefusalKind.GLOBAL_STATE_WRITE
+    assert _stateful_globals() == before
+
+    torch._dynamo.reset()
+    compiled = torch.compile(mm, backend=backend)
+    we, wc = NumbersItsOps(torch.ones(2, 2)), NumbersItsOps(torch.ones(2, 2))
+    for call in range(3):
+        start = _stateful_globals()
+        oe = mm(torch.ones(2, 2), we)
+        after_eager = _stateful_globals()
+        OP_IDS = itertools.count(int(start[0][6:-1]))
+        RECENT.clear(), RECENT.extend(start[1])
+        RNG.setstate(start[2])
+        oc = compiled(torch.ones(2, 2), wc)
+        assert _stateful_globals() == after_eager, f"call {call + 1}"
+        torch.testing.assert_close(oc, oe)
+        assert wc.op_id == we.op_id
