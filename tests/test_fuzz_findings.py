@@ -491,6 +491,19 @@ FOUND = [
         "amic=None,batch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
         "aot_eager",
     ),
+    # An oracle finding: x + x twice, add writes ``a`` in the ctx; eager's x.grad carries the
+    # ctx of the first incoming gradient's chain (0), the compiled backward builds it from the
+    # metadata AOTAutograd traced ('add-seen'), as stock does (README, Limits). The oracle
+    # checks gradients' ctx for trace values (no SymInt), not for AOTAutograd's metadata.
+    pytest.param(
+        "Spec(writes=(Write(op='add',kind='constant',attr='a',in_ctx=False,grows_flatten=False),Write(op='add"
+        "',kind='constant',attr='a',in_ctx=True,grows_flatten=False)),ctor=(),unflatten=('b','cold'),getattr"
+        "_kind=None,getattr_reads=(),ext_reads=(),inner=None,inner_writes=(),alias=None,alias_op='mul',alias_"
+        "use=False)",
+        "Program(n_inputs=1,steps=(('add',0,0),('add',0,0)),break_after=None,requires_grad=True,calls=2,dynam"
+        "ic=None,batch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
+        "aot_eager",
+    ),
     # Silent gradients, now refused: ``__tensor_unflatten__`` sets ``scale = 0`` outside the
     # ctx, ``__new__`` does not; dispatch multiplies mul's result by
     # ``getattr(first, "scale", 1.0)``. In eager the gradients the backward's dispatch sees are
