@@ -576,15 +576,41 @@ class Planner:
             elif key[2] not in recorded.get(id(real), ()):
                 self.backward_checks[key] = "identity" if isinstance(value, torch.Tensor) else "value"
             else:
-                # a symbolic value is the output computing the same expression (the graph's
-                # own copy of the forward's arithmetic is another SymInt object)
-                k = next((k for k, o in enumerate(self.outputs) if o is value or _same_symbol(o, value)), None)
-                if k is None:
+                how = self._returned(value)
+                if how is None:
                     raise SubclassWriteError(
                         RefusalKind.CHANGED_BEFORE_BACKWARD, "traced backward", key[2], type(value).__name__,
                         "the backward reads a value the forward writes, which the graph does not return",
                     )
-                self.backward_checks[key] = ("output", k)
+                self.backward_checks[key] = how
+
+    def _returned(self, value: Any) -> tuple | None:
+        """How the graph returns a value the forward wrote: ``("output", k)``, or for a
+        ``torch.Size`` / tuple of symbolic ints ``("packed", type, parts)`` with each part
+        ``("output", k)`` or ``("constant", c)`` (the residual bytecode rebuilds it so). A
+        symbolic value is the output computing the same expression (the graph's own copy
+        of the forward's arithmetic is another SymInt object)."""
+
+        def find(v: Any) -> int | None:
+            return next((k for k, o in enumerate(self.outputs) if o is v or _same_symbol(o, v)), None)
+
+        k = find(value)
+        if k is not None:
+            return ("output", k)
+        if type(value) in (tuple, torch.Size):
+            parts = []
+            for v in value:
+                if isinstance(v, SYMBOLIC_TYPES):
+                    j = find(v)
+                    if j is None:
+                        return None
+                    parts.append(("output", j))
+                elif is_immutable_constant(v):
+                    parts.append(("constant", v))
+                else:
+                    return None
+            return ("packed", type(value), tuple(parts))
+        return None
 
     def _refuse_backward_read(self, name: str) -> None:
         raise SubclassWriteError(
@@ -1010,22 +1036,37 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
 
 
 def _refuse_inner_metadata_mutation(scope: Scope) -> None:
-    """An inner tensor's sizes/strides changed in place (``self.elem.t_()``).
+    """An inner tensor changed in place where AOTAutograd cannot write it back: its
+    sizes/strides (``self.elem.t_()``), or its data on a leaf input that requires grad in
+    a training graph (``self.amax_history.copy_(...)`` on a parameter: torch returns None
+    from the compiled function, or fails to partition, stock too).
 
-    Stock AOTAutograd refuses this with "Metadata mutations are currently not allowed
+    Stock AOTAutograd refuses the first with "Metadata mutations are currently not allowed
     on tensor subclasses", which names neither the subclass nor the attribute.
     Assigning a new tensor instead (``self.elem = self.elem.t()``) is a write this
-    layer replays.
+    layer replays. A data mutation without autograd is written back inner tensor by
+    inner tensor (writeback.py).
     """
     from torch._subclasses.functional_tensor import FunctionalTensor
 
     for t in scope.tracked.values():
+        training = torch.is_grad_enabled() and _is_grad_leaf(t.real)
         for name, value in t.entry.items():
             if isinstance(value, FunctionalTensor) and value is capture.obj_dict(t.obj).get(name):
                 if torch._functionalize_has_metadata_mutation(value.elem):
                     raise SubclassWriteError(
                         RefusalKind.INNER_METADATA_MUTATION, t.cls_name, name, "Tensor (sizes/strides changed in place)"
                     )
+                if training and torch._functionalize_has_data_mutation(value.elem):
+                    raise SubclassWriteError(
+                        RefusalKind.INNER_METADATA_MUTATION, t.cls_name, name,
+                        "Tensor (data changed in place on an input that requires grad)",
+                    )
+
+
+def _is_grad_leaf(real: Any) -> bool:
+    """A leaf tensor that requires grad (a parameter): AOTAutograd cannot mutate it."""
+    return isinstance(real, torch.Tensor) and real.requires_grad and real.is_leaf
 
 
 def _refuse_unplanned(writes: list[Write]) -> None:

@@ -165,12 +165,14 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         ),
         Refusal(
             RefusalKind.INNER_METADATA_MUTATION,
-            "An inner tensor's sizes or strides were changed in place (self.elem.t_()).",
+            "An inner tensor's sizes or strides were changed in place (self.elem.t_()), or its data on a parameter.",
             "AOTAutograd cannot represent an in-place metadata change of a subclass input "
-            "(stock: 'Metadata mutations are currently not allowed on tensor subclasses').",
+            "(stock: 'Metadata mutations are currently not allowed on tensor subclasses'), nor "
+            "write back an inner tensor's in-place data change under autograd (stock returns "
+            "None from the compiled function or fails to partition the graph).",
             (
-                "Assign a new tensor instead (self.elem = self.elem.t() rather than self.elem.t_()): "
-                "dynamo_ext replays that write.",
+                "Assign a new tensor instead (self.elem = self.elem.t() rather than self.elem.t_(), "
+                "self.history = torch.roll(self.history, 1) rather than copy_): dynamo_ext replays that write.",
             ),
             "AOTAutograd",
         ),

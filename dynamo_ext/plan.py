@@ -359,7 +359,10 @@ class Replay:
         # what the forward left: the compiled backward runs with these
         snapshot = []
         for key, how in self.plan.backward_checks:
-            if isinstance(how, tuple):
+            if isinstance(how, tuple) and how[0] == "packed":
+                parts = [c if kind == "constant" else out[c] for kind, c in how[2]]
+                snapshot.append((key, "value", how[1](parts)))
+            elif isinstance(how, tuple):
                 snapshot.append((key, "value", how[1] if how[0] == "constant" else out[how[1]]))
             else:
                 snapshot.append((key, how, now(key)))

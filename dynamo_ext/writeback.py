@@ -9,10 +9,15 @@ even though old and new have the same metadata: DTensor has no sharding strategy
 the pending tensor's local shard in place, so reducing a partial embedding that came
 from another compiled region fails to compile on every AOT backend.
 
-When the outer ``copy_`` raises and old and new are the same subclass with the same
-flatten ctx, the mutation is written back inner tensor by inner tensor (recursively),
-which is what the data mutation is: AOTAutograd detects it on the inner tensors.
-When the outer ``copy_`` works, nothing changes.
+Where old and new are the same subclass with the same flatten ctx, the mutation is
+written back inner tensor by inner tensor (recursively), which is what the data
+mutation is: AOTAutograd detects it on the inner tensors, and eager's dispatch made it
+there (``self.amax_history.copy_(...)``). An inner tensor the graph returned unchanged
+(the very input tensor) is left alone, as eager left it. The outer ``copy_`` would go
+through the subclass's own dispatch, which may copy only some inner tensors (a
+``copy_`` rule unwrapping the data tensor alone drops the history's update). Where the
+inner-wise copy is not the same write (another subclass, another ctx), or where
+autograd must record the copy on the input, the outer ``copy_`` runs as before.
 """
 
 from __future__ import annotations
@@ -53,14 +58,22 @@ def _copy_inner(old: torch.Tensor, new: torch.Tensor, copy: Callable[[torch.Tens
 
 def make_apply_in_graph_mutations(original: Callable[..., Any]) -> Callable[..., Any]:
     def apply_in_graph_mutations(input_info, inpt_old, inpt_new, f_inpt, input_idx, *rest, **kwargs):
+        data_only = not (
+            input_info.mutates_metadata
+            or input_info.mutates_storage_metadata
+            or input_info.mutation_inductor_storage_resize
+        )
+        pairs = _inner_pairs(inpt_old, inpt_new) if data_only else None
+        if pairs is not None and _records_autograd(inpt_old):
+            pairs = None
+        if pairs is not None:
+            for old_inner, new_inner in pairs:
+                if new_inner is not old_inner:
+                    apply_in_graph_mutations(input_info, old_inner, new_inner, f_inpt, input_idx, *rest, **kwargs)
+            return None
         try:
             return original(input_info, inpt_old, inpt_new, f_inpt, input_idx, *rest, **kwargs)
         except RuntimeError as e:
-            data_only = not (
-                input_info.mutates_metadata
-                or input_info.mutates_storage_metadata
-                or input_info.mutation_inductor_storage_resize
-            )
             if not data_only:  # the original may have applied part of it already
                 raise
             _copy_inner(
@@ -73,17 +86,29 @@ def make_apply_in_graph_mutations(original: Callable[..., Any]) -> Callable[...,
     return apply_in_graph_mutations
 
 
-def copy_back(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst.copy_(src)``, inner tensor by inner tensor where the subclass cannot copy.
+def _records_autograd(dst: torch.Tensor) -> bool:
+    """Autograd must record a copy on ``dst``: inner copies would leave its history without
+    it, a silently wrong gradient later."""
+    return torch.is_grad_enabled() and dst.requires_grad
 
-    Not where autograd must record the copy on ``dst`` (grad mode on and ``dst``
-    requires grad): inner copies would leave ``dst``'s autograd history without it,
-    a silently wrong gradient later; the subclass's own error is raised instead.
-    """
+
+def copy_back(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)``, inner tensor by inner tensor for the same subclass with the same
+    ctx (an inner tensor returned unchanged is left alone); the subclass's own ``copy_``
+    where that is not the same write, or where autograd must record it (then the
+    subclass's own error is raised if it cannot copy)."""
+    pairs = _inner_pairs(dst, src)
+    if pairs is not None and _records_autograd(dst):
+        pairs = None
+    if pairs is not None:
+        for old_inner, new_inner in pairs:
+            if new_inner is not old_inner:
+                copy_back(old_inner, new_inner)
+        return
     try:
         dst.copy_(src)
     except RuntimeError as e:
-        if torch.is_grad_enabled() and dst.requires_grad:
+        if _records_autograd(dst):
             raise
         _copy_inner(dst, src, copy_back, e)
 

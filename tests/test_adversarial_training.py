@@ -589,18 +589,20 @@ def _first_step_error(cls, enabled):
     return m, None
 
 
-def test_float8_history_mutated_in_place_in_flatten_list_fails_as_stock():
+def test_float8_history_mutated_in_place_in_flatten_list_is_refused():
     """A flattened inner tensor of a parameter subclass mutated in place in a training graph
     hits an AOTAutograd partitioner bug on torch itself ("Node ... was invalid, but is
-    output"): stock fails so on the twin class it can trace (step in the ctx); dynamo_ext
-    must fail at the first step the same way, loudly, with the model untouched."""
+    output"; stock fails so on the twin class it can trace, step in the ctx): dynamo_ext
+    refuses it at the first step (inner_metadata_mutation: data changed in place on a
+    parameter), with the model untouched."""
     twin = S._variant("AmaxFlatCtxInplace", True, True, "inplace")
     _, stock = _first_step_error(twin, enabled=False)
     assert stock is not None and "was invalid, but is output" in str(stock), repr(stock)
     m, ours = _first_step_error(S.AmaxFlatInplace, enabled=True)
-    assert ours is not None and "was invalid, but is output" in str(ours), repr(ours)
+    assert ours is not None and "dynamo_ext: inner_metadata_mutation" in str(ours), repr(ours)
+    assert "data changed in place" in str(ours)
     torch.manual_seed(0)
-    _param_state_equal(S.Float8MLP(S.AmaxFlatInplace), m, "after the failed compile", grads=False)
+    _param_state_equal(S.Float8MLP(S.AmaxFlatInplace), m, "after the refused compile", grads=False)
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])

@@ -325,6 +325,51 @@ def test_the_backward_reads_a_size_the_forward_recorded(fullgraph):
         we.grad = wc.grad = None
 
 
+class DividesByBatch(Weight):
+    """The forward records the input's shape (a ``torch.Size``, of SymInts once the batch is
+    dynamic) in the flatten ctx; the backward divides the weight's gradient by its batch."""
+
+    def __tensor_flatten__(self):
+        return ["elem"], (self.seen,)
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        r = cls(inner["elem"])
+        r.seen = ctx[0]
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if torch.is_grad_enabled() and func is torch.ops.aten.mul.Tensor:
+            x = next(a for a in args if not isinstance(a, cls))
+            next(a for a in args if isinstance(a, cls)).seen = x.shape
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    @staticmethod
+    def backward_op(w, out):
+        return out / w.seen[0]
+
+
+def test_the_backward_reads_a_shape_the_forward_recorded():
+    """A batch that grows each call: the recorded shape becomes a Size of SymInts; the compiled
+    backward reads it as the forward wrote it (the graph returns its symbolic item, the check
+    rebuilds the Size), matching eager for every batch."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    we, wc = DividesByBatch(torch.linspace(0.5, 2.0, 4)), DividesByBatch(torch.linspace(0.5, 2.0, 4))
+    we.requires_grad_(), wc.requires_grad_()
+    we.seen = wc.seen = torch.Size([1, 4])
+    gen = torch.Generator().manual_seed(0)
+    for rows in (2, 3, 5, 7):
+        x = torch.randn(rows, 4, generator=gen)
+        fn(x, we).backward()
+        compiled(x.clone(), wc).backward()
+        assert type(wc.grad) is type(we.grad)
+        torch.testing.assert_close(wc.grad, we.grad)
+        assert wc.seen == we.seen == torch.Size([rows, 4]) and all(type(d) is int for d in wc.seen)
+        we.grad = wc.grad = None
+
+
 class CountsRowsInCtx(torch.Tensor):
     """Every sin counts the rows it saw in the flatten ctx, after the op; outputs (the
     gradients the backward's dispatch makes too) carry the ctx of the op's first argument."""

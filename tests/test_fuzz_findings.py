@@ -504,6 +504,17 @@ FOUND = [
         "ic=None,batch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
         "aot_eager",
     ),
+    # Loud, fixed: sin records ``a = x.elem.shape`` in the ctx, the batch grows (automatic
+    # dynamic), sin's backward reads ``a``: a torch.Size of SymInts the graph returns item by
+    # item, which the backward's check did not find among the outputs (refused at compile).
+    pytest.param(
+        "Spec(writes=(Write(op='sin',kind='sym_size',attr='a',in_ctx=True,grows_flatten=False),),ctor=(),unf"
+        "latten=None,getattr_kind=None,getattr_reads=(),ext_reads=(),inner=None,inner_writes=(),alias=None,a"
+        "lias_op='mul',alias_use=False)",
+        "Program(n_inputs=1,steps=(('sin',0,0),),break_after=None,requires_grad=True,calls=2,dynamic=None,bat"
+        "ch='grow',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
+        "aot_eager",
+    ),
     # Silent gradients, now refused: ``__tensor_unflatten__`` sets ``scale = 0`` outside the
     # ctx, ``__new__`` does not; dispatch multiplies mul's result by
     # ``getattr(first, "scale", 1.0)``. In eager the gradients the backward's dispatch sees are

@@ -52,8 +52,11 @@ def test_stock_cannot_write_it_back():
             torch.compile(bump, backend="aot_eager", fullgraph=True)(x)
 
 
-def test_subclass_that_can_copy_is_untouched():
-    """Where the subclass's own copy_ works, it is what runs (stock graph)."""
+def test_subclass_that_can_copy_is_written_back_as_eager_mutated_it():
+    """Eager's ``x.add_(1)`` mutates the inner tensor in dispatch; no copy_ reaches the
+    subclass. The compiled write-back copies the inner tensor too, where stock would run
+    the subclass's own copy_ (whose dispatch may do something else: copy only some inner
+    tensors, or write state eager never wrote)."""
     calls = []
 
     class Copying(WritingTensor):
@@ -64,9 +67,65 @@ def test_subclass_that_can_copy_is_untouched():
 
     x_eager, x = Copying(torch.ones(3)), Copying(torch.ones(3))
     bump(x_eager)
+    assert not calls
     torch.compile(bump, backend="aot_eager", fullgraph=True)(x)
     torch.testing.assert_close(x.elem, x_eager.elem)
-    assert calls  # the outer copy_ ran at trace time
+    assert not calls
+    with stock_torch():
+        torch.compile(bump, backend="aot_eager", fullgraph=True)(Copying(torch.ones(3)))
+    assert calls  # stock: the outer copy_
+
+
+class KeepsHistory(WritingTensor):
+    """A float8-style history as a second inner tensor, rolled in place by every forward mul
+    on the weight; its dispatch unwraps ``elem`` alone (a copy_ of the outer tensor copies
+    ``elem`` only)."""
+
+    INNER = ("elem", "history")
+    ALIAS_KEEPS_STATE = True  # nn.Parameter detaches its data: the history stays
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor and torch.is_grad_enabled() and getattr(first, "history", None) is not None:
+            first.history.copy_(torch.roll(first.history, 1))
+            first.history[0] = first.elem.abs().max()
+
+
+def _mul_sum(x):
+    return (x * 2).sum()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.inductor)])
+def test_an_inner_history_updated_in_place_without_grad(backend):
+    """The history's in-place update reaches the real weight (stock's outer copy_ dropped it:
+    the history stayed zeros)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(_mul_sum, backend=backend, fullgraph=True)
+    we = KeepsHistory(torch.arange(4.0), history=torch.zeros(3))
+    wc = KeepsHistory(torch.arange(4.0), history=torch.zeros(3))
+    for call in range(3):
+        we.elem.add_(1), wc.elem.add_(1)
+        torch.testing.assert_close(plain(compiled(wc)), plain(_mul_sum(we)))
+        torch.testing.assert_close(wc.history, we.history, msg=lambda m: f"call {call + 1}: {m}")
+
+
+def test_an_inner_history_updated_in_place_on_a_parameter_is_refused():
+    """On a parameter in a training graph torch cannot write it back (the compiled function
+    returned None, stock too): refused, the weight untouched; without fullgraph the frame
+    runs eagerly and matches."""
+    w = torch.nn.Parameter(KeepsHistory(torch.arange(4.0), history=torch.zeros(3)))
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="inner_metadata_mutation"):
+        torch.compile(_mul_sum, backend="aot_eager", fullgraph=True)(w)
+    assert torch.equal(w.history, torch.zeros(3)) and w.grad is None
+    torch._dynamo.reset()
+    we = torch.nn.Parameter(KeepsHistory(torch.arange(4.0), history=torch.zeros(3)))
+    compiled = torch.compile(_mul_sum, backend="aot_eager")
+    for call in range(2):
+        _mul_sum(we).backward()
+        compiled(w).backward()
+        torch.testing.assert_close(w.history, we.history)
+        torch.testing.assert_close(plain(w.grad), plain(we.grad))
 
 
 def test_grad_recording_write_back_is_not_done_per_inner_tensor():
