@@ -898,7 +898,10 @@ def _read_on_gradient(twins: Sequence[dict], t: Tracked, name: str) -> None:
         for n in sorted(names - t.written):
             _read_on_gradient(twins, t, n)
         return
-    if name in t.flatten_names or is_torch_internal(name):
+    if name in t.flatten_names:
+        _read_inner_on_gradient(twins, t, name)
+        return
+    if is_torch_internal(name):
         return
     held = capture.obj_dict(t.obj).get(name, MISSING)
     if held is MISSING and not any(name in d for d in twins):
@@ -912,6 +915,43 @@ def _read_on_gradient(twins: Sequence[dict], t: Tracked, name: str) -> None:
         f"__tensor_unflatten__ ({_shown(held)}); tensors dispatch made hold {', '.join(made)}: eager's "
         "gradient is made by dispatch, so carry the attribute in the flatten ctx or set it in the constructor",
     )
+
+
+def _read_inner_on_gradient(twins: Sequence[dict], t: Tracked, name: str) -> None:
+    """Dispatch reads an inner tensor of an incoming gradient. Its value is the graph's
+    input, whatever eager's gradient holds; which of the inner tensors are one object is
+    not: ``__tensor_unflatten__`` rebuilds the tangent from separate tensors, where eager's
+    gradient, made by dispatch, may hold one tensor under two names (``cache = elem``), and
+    a branch on ``cache is elem`` would be baked in. Where no output of the class dispatch
+    made has the tangent's pattern of shared inner tensors, the read is refused (See Note
+    [Reads on incoming gradients])."""
+    names = sorted(t.flatten_names)
+    held = _sharing(capture.obj_dict(t.obj), names)
+    patterns = {_sharing(d, names) for d in twins}
+    if not patterns or held in patterns:
+        return
+    shown = " / ".join(sorted(_shown_sharing(p) for p in patterns))
+    raise SubclassWriteError(
+        RefusalKind.UNSUPPORTED_STATE_READ, t.cls_name, name, "Tensor",
+        f"the traced backward reads {name!r} on an incoming gradient, which AOTAutograd rebuilds with "
+        f"__tensor_unflatten__ from separate tensors ({_shown_sharing(held)}); tensors dispatch made hold "
+        f"{shown}: eager's gradient is made by dispatch, and a branch on which inner tensors are one "
+        "object would be baked into the compiled backward",
+    )
+
+
+def _sharing(d: dict, names: Sequence[str]) -> tuple[tuple[str, ...], ...]:
+    """Which of ``names`` hold one object in the instance dict ``d``: the groups of two or more."""
+    groups: dict[int, list[str]] = {}
+    for n in names:
+        v = d.get(n, MISSING)
+        if isinstance(v, torch.Tensor):
+            groups.setdefault(id(v), []).append(n)
+    return tuple(sorted(tuple(g) for g in groups.values() if len(g) > 1))
+
+
+def _shown_sharing(pattern: tuple[tuple[str, ...], ...]) -> str:
+    return ", ".join(" is ".join(g) for g in pattern) if pattern else "no two of them one tensor"
 
 
 def _alike(made: Any, held: Any) -> bool:

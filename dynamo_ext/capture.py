@@ -555,6 +555,8 @@ class Scope:
             return get(t.obj, name)
         if t.real is None or self.answer is None or name in t.settled or name[:2] == "__":
             if t.on_read is not None and name not in t.settled and name[:2] != "__" and name not in t.written:
+                if name in t.flatten_names and not _called_from_user(3):
+                    return get(t.obj, name)  # torch unwrapping the instance, not dispatch's read
                 t.settled.add(name)
                 t.on_read(t, name)
             return get(t.obj, name)

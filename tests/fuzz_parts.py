@@ -852,7 +852,8 @@ def gradient_read_justified(exc: BaseException, spec: Spec, program: Program, ba
     depends on the ops' backward formulas. It is justified only where it is true: AOT
     backends, gradients, and the attribute is the one ``__tensor_unflatten__`` sets to a
     value dispatch's constructor does not (a tensor where the constructor sets one too
-    would be alike)."""
+    would be alike); or the attribute is an inner tensor of a class whose flatten list
+    names one tensor twice (``cache = elem``), which the rebuilt gradient holds as two."""
     e = exc
     seen = set()
     while e is not None and not isinstance(e, dynamo_ext.SubclassWriteError) and id(e) not in seen:
@@ -862,6 +863,9 @@ def gradient_read_justified(exc: BaseException, spec: Spec, program: Program, ba
         return False
     if e.kind is not RefusalKind.UNSUPPORTED_STATE_READ or not program.requires_grad or backend == "eager":
         return False
+    if "from separate tensors" in e.context:
+        # the gradient's inner tensors: dispatch's outputs hold one under two names
+        return spec.alias is not None and e.attr in ("elem", "cache")
     if spec.unflatten is None or e.attr != spec.unflatten[0]:
         return False
     return dict(spec.ctor).get(e.attr) != spec.unflatten[1]

@@ -201,6 +201,43 @@ def test_an_output_holding_one_inner_under_two_names(backend, dynamic):
     differential(f, lambda: [ResultsShareTheirInner(torch.ones(3))], backend=backend, calls=2, dynamic=dynamic)
 
 
+# ------------------------------------------------------------------ an incoming gradient's aliased inner
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_backward_branches_on_whether_a_gradients_inner_tensors_are_one(backend, fullgraph):
+    """``AliasCacheTensor``'s mul rounds through bf16 when ``cache is elem``. In eager, the
+    gradient reaching ``x * 3``'s backward is made by dispatch (``cache is elem``); in the
+    traced backward it is AOTAutograd's tangent, rebuilt by ``__tensor_unflatten__`` from
+    two separate tensors: the compiled backward took the other branch and the gradient
+    differed in the third digit (fullgraph=False, where the graph was broken in two, too).
+    Matches eager, or is refused while compiling with the input untouched."""
+    import adversarial_subclasses as adv
+    from fuzz_parts import refusal_kind
+
+    def f(x):
+        return x * 3
+
+    w = torch.tensor([0.1234567, 1.7654321, -2.3456789, 0.9876543])
+    compiled = torch.compile(f, backend=backend, fullgraph=fullgraph)
+    torch._dynamo.reset()
+    for call in range(2):
+        xe = adv.AliasCacheTensor(torch.linspace(-1.1, 1.3, 4), requires_grad=True)
+        xc = adv.AliasCacheTensor(torch.linspace(-1.1, 1.3, 4), requires_grad=True)
+        ye = f(xe)
+        try:
+            yc = compiled(xc)
+        except Exception as exc:
+            assert fullgraph and call == 0 and refusal_kind(exc) is not None, repr(exc)
+            assert "incoming gradient" in str(exc) and xc.cache is xc.elem
+            return
+        (ye * w).sum().backward()
+        (yc * w).sum().backward()
+        torch.testing.assert_close(xc.grad.elem, xe.grad.elem, rtol=0, atol=0)
+        assert_same_state(xe, xc, f"call {call}")
+
+
 # ------------------------------------------------------------------ cases kept as the fuzzer found them
 
 # Each is a (Spec, Program) the fuzzer reported, run by its own harness; the comment says what
@@ -532,6 +569,17 @@ FOUND = [
         "Program(n_inputs=3,steps=(('add', 0, 0), ('mul', 0, 0)),break_after=None,requires_grad=True,calls=2,"
         "dynamic=None,batch='same',changes=(),ext_changes=((1, 'closure_dict', 2.0), (1, 'closure_dict', 2.0)"
         "),break_top=False,reads_globals=False)",
+        "aot_eager",
+    ),
+    # The alias toggle's add ran in the backward on the gradient of the first graph's output:
+    # eager's, made by dispatch, holds one tensor as elem and cache (bf16-rounded add); the
+    # traced backward's tangent two (the unrounded one): grads differed by 0.008.
+    (
+        "Spec(writes=(Write(op='add', kind='constant', attr='a', in_ctx=False, grows_flatten=False),),"
+        "ctor=(),unflatten=None,getattr_kind=None,getattr_reads=(),ext_reads=(),inner=None,inner_writes=(),"
+        "alias='toggle',alias_op='add',alias_use=True)",
+        "Program(n_inputs=1,steps=(('add', 0, 0), ('sin', 0, 0), ('add', 1, 0)),break_after=0,requires_grad=True,"
+        "calls=3,dynamic=True,batch='grow',changes=(),ext_changes=(),break_top=True,reads_globals=False)",
         "aot_eager",
     ),
 ]
