@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import enum
 import functools
 import sys
 import weakref
@@ -386,7 +387,18 @@ class Planner:
     def answer_backward(self, scope: Scope, t: Tracked, name: Any) -> Any:
         """A read in the traced backward: an int the instance holds is a counted value
         (computed again at each run-time backward); anything else is guarded in the forward."""
-        if t.plain_inner or not isinstance(t.data, _Where):
+        if t.plain_inner:
+            return None
+        if not isinstance(t.data, _Where):
+            if t.real is t.obj and isinstance(name, str):
+                # A registered state object a ctx reaches (``stats.calls``): the pass put
+                # back its entry state, where eager's backward reads what the forward left,
+                # and nothing guards what only the backward reads of it.
+                raise SubclassWriteError(
+                    RefusalKind.UNSUPPORTED_STATE_READ, type(t.obj).__name__, name, type(capture.obj_dict(t.obj).get(name)).__name__,
+                    "the traced backward reads an attribute of a registered state object (register_ctx_state) "
+                    "a flatten ctx reaches: the compiled backward cannot read the value eager's backward reads",
+                )
             return None
         if name is capture.KEYS or isinstance(name, capture.Unshadowed):
             # which names the instance holds: the entry state's (guarded in the forward), and
@@ -867,14 +879,44 @@ def _track_tangent(scope: Scope, obj: Any, made_by_dispatch: dict[type, list[dic
     if depth > 4 or scope.lookup(obj) is not None:
         return
     t = scope.track(obj, None)
-    t.on_read = functools.partial(_read_on_gradient, made_by_dispatch.get(type(obj), ()))
+    t.on_read = functools.partial(_read_on_gradient, made_by_dispatch.get(type(obj), ()), _ctx_leaves(obj))
     for name in capture._flatten_names(obj):
         child = capture.obj_dict(obj).get(name)
         if _is_subclass(child):
             _track_tangent(scope, child, made_by_dispatch, depth + 1)
 
 
-def _read_on_gradient(twins: Sequence[dict], t: Tracked, name: str) -> None:
+def _ctx_leaves(obj: Any) -> tuple[Any, ...]:
+    """The values an incoming gradient's flatten ctx holds (in tuples, lists and dicts):
+    AOTAutograd compares the run-time gradient's ctx with the traced one's (and coerces or
+    fails where they differ), so what unflatten set from them is what eager's gradient holds."""
+    try:
+        _, ctx = obj.__tensor_flatten__()
+    except Exception:
+        return ()
+    out: list[Any] = []
+    todo = [(ctx, 0)]
+    while todo:
+        value, depth = todo.pop()
+        out.append(value)
+        if depth < 3 and type(value) in (tuple, list):
+            todo.extend((v, depth + 1) for v in value)
+        elif depth < 3 and type(value) is dict:
+            todo.extend((v, depth + 1) for v in value.values())
+    return tuple(out)
+
+
+def _carried_by(value: Any, leaves: Sequence[Any]) -> bool:
+    """``value`` is one of the ctx's values (the object itself; or an equal string, dtype,
+    enum, bool or None, which unflatten may rebuild)."""
+    if any(value is leaf for leaf in leaves):
+        return True
+    if value is None or isinstance(value, (str, bool, torch.dtype, enum.Enum)):
+        return any(type(leaf) is type(value) and leaf == value for leaf in leaves)
+    return False
+
+
+def _read_on_gradient(twins: Sequence[dict], carried: Sequence[Any], t: Tracked, name: str) -> None:
     """Note [Reads on incoming gradients]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     In eager, the gradient an op's backward dispatch gets was made by dispatch (the
@@ -883,20 +925,22 @@ def _read_on_gradient(twins: Sequence[dict], t: Tracked, name: str) -> None:
     dispatch reads on it outside the flatten list and ctx is what unflatten alone set
     (``scale = 0`` where dispatch's constructor sets nothing, and ``getattr(g, "scale",
     1.0)`` reads 1.0 in eager), and the compiled backward would bake that value in. The
-    read is checked against the pass's outputs of the same class, which dispatch made: a
-    value one of them holds too (a ctx attribute, DTensor's ``_spec``, a float8 tensor's
-    config; absent, where one of them lacks the name; a tensor, where one of them holds a
-    tensor) is a state a gradient dispatch makes can have, and the read is left as traced. A value none of them holds is what unflatten
-    alone gives, and is refused (``unsupported_state_read``), as is a value held where no
-    output of the class was made by dispatch. Which op made eager's gradient is not known
-    while tracing: where the outputs differ among themselves, the traced value is one of
-    theirs (a limit, docs/design.md). Reads of a name the backward wrote first are its
-    own. Code reading the instance dict itself (``KEYS``) reads every name it holds, and the
-    absence of every name the outputs hold."""
+    gradient may be made from whatever tensors the program has after the graph, or by the
+    caller (``backward(gradient=g)``): what reaches the compiled backward of it is its
+    inner tensors and its flatten ctx, which AOTAutograd compares with the traced one at
+    run time. So a read is left as traced only where the value is carried by the ctx (the
+    ctx's own object: DTensor's ``_spec``, a float8 tensor's config; or an equal string,
+    dtype, enum, bool or None), or where neither the tangent nor any dispatch-made output
+    of the class holds the name (the class's own method or attribute). Any other value (a
+    ``scale`` dispatch computes from its operands, one only unflatten sets) is refused
+    (``unsupported_state_read``), even where this pass's outputs hold an equal one: they
+    say nothing of the operands eager's gradient is made from. Reads of a name the
+    backward wrote first are its own. Code reading the instance dict itself (``KEYS``)
+    reads every name it holds, and the absence of every name the outputs hold."""
     if name is capture.KEYS:
         names = set(capture.user_state(capture.obj_dict(t.obj))).union(*(d.keys() for d in twins))
         for n in sorted(names - t.written):
-            _read_on_gradient(twins, t, n)
+            _read_on_gradient(twins, carried, t, n)
         return
     if name in t.flatten_names:
         _read_inner_on_gradient(twins, t, name)
@@ -906,14 +950,16 @@ def _read_on_gradient(twins: Sequence[dict], t: Tracked, name: str) -> None:
     held = capture.obj_dict(t.obj).get(name, MISSING)
     if held is MISSING and not any(name in d for d in twins):
         return  # the class's own (method, class attribute) on every instance alike
-    if any(_alike(d.get(name, MISSING), held) for d in twins):
-        return
+    if held is not MISSING and _carried_by(held, carried):
+        return  # set from the ctx, which AOTAutograd checks on the run-time gradient
     made = sorted({_shown(d.get(name, MISSING)) for d in twins}) or ["(no output of the class was made by dispatch)"]
     raise SubclassWriteError(
         RefusalKind.UNSUPPORTED_STATE_READ, t.cls_name, name, type(held).__name__ if held is not MISSING else "absent",
         f"the traced backward reads {name!r} on an incoming gradient, which AOTAutograd rebuilds with "
-        f"__tensor_unflatten__ ({_shown(held)}); tensors dispatch made hold {', '.join(made)}: eager's "
-        "gradient is made by dispatch, so carry the attribute in the flatten ctx or set it in the constructor",
+        f"__tensor_unflatten__ ({_shown(held)}); tensors dispatch made here hold {', '.join(made)}: eager's "
+        "gradient is made by dispatch from whatever tensors the program has after the graph (or by the "
+        "caller, backward(gradient=g)), and nothing but its inner tensors and flatten ctx reaches the "
+        "compiled backward, so carry the attribute in the flatten ctx",
     )
 
 
@@ -952,21 +998,6 @@ def _sharing(d: dict, names: Sequence[str]) -> tuple[tuple[str, ...], ...]:
 
 def _shown_sharing(pattern: tuple[tuple[str, ...], ...]) -> str:
     return ", ".join(" is ".join(g) for g in pattern) if pattern else "no two of them one tensor"
-
-
-def _alike(made: Any, held: Any) -> bool:
-    """A value a dispatch-made instance holds and the gradient's, alike: equal constants, or
-    two tensors or two symbolic values (each made from its own instance's tensors and sizes
-    by the same code), also inside dicts, lists and tuples of the same shape."""
-    if isinstance(made, torch.Tensor) and isinstance(held, torch.Tensor):
-        return True
-    if isinstance(made, SYMBOLIC_TYPES) and type(made) is type(held):
-        return True  # a size of its own (NestedTensor's ``_size``), as the tensors are
-    if type(made) is type(held) and isinstance(made, dict):  # NestedTensor's metadata cache
-        return made.keys() == held.keys() and all(_alike(made[k], held[k]) for k in made)
-    if type(made) is type(held) and isinstance(made, (list, tuple)):
-        return len(made) == len(held) and all(_alike(m, h) for m, h in zip(made, held))
-    return same_value(made, held)
 
 
 def _shown(value: Any) -> str:

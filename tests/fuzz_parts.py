@@ -850,10 +850,11 @@ def gradient_read_justified(exc: BaseException, spec: Spec, program: Program, ba
     """A refusal of a read on an incoming gradient of the traced backward (See Note [Reads on
     incoming gradients]) is allowed, not required: which reads the backward's dispatch makes
     depends on the ops' backward formulas. It is justified only where it is true: AOT
-    backends, gradients, and the attribute is the one ``__tensor_unflatten__`` sets to a
-    value dispatch's constructor does not (a tensor where the constructor sets one too
-    would be alike); or the attribute is an inner tensor of a class whose flatten list
-    names one tensor twice (``cache = elem``), which the rebuilt gradient holds as two."""
+    backends, gradients, and an attribute outside the class's flatten ctx (only the inner
+    tensors and the ctx of eager's gradient reach the compiled backward; the rest, what
+    ``__tensor_unflatten__`` sets or dispatch makes from its operands, no trace can know),
+    or an inner tensor of a class whose flatten list names one tensor twice (``cache =
+    elem``), which the rebuilt gradient holds as two."""
     e = exc
     seen = set()
     while e is not None and not isinstance(e, dynamo_ext.SubclassWriteError) and id(e) not in seen:
@@ -866,9 +867,10 @@ def gradient_read_justified(exc: BaseException, spec: Spec, program: Program, ba
     if "from separate tensors" in e.context:
         # the gradient's inner tensors: dispatch's outputs hold one under two names
         return spec.alias is not None and e.attr in ("elem", "cache")
-    if spec.unflatten is None or e.attr != spec.unflatten[0]:
-        return False
-    return dict(spec.ctor).get(e.attr) != spec.unflatten[1]
+    # any other attribute outside the class's flatten ctx: eager's gradient may hold what
+    # dispatch made it from after the graph (or a caller set), which no trace can know
+    classes = [c for c in make_subclass(spec)[:2] if c is not None]
+    return any(f"] {c.__name__}." in str(e) and e.attr not in getattr(c, "CTX", ()) for c in classes)
 
 
 def backward_change_justified(exc: BaseException, at_break: dict | None, after: dict, read: set) -> bool:

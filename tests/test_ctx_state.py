@@ -90,3 +90,37 @@ def test_scope_counts_an_object_built_during_it_as_constructed():
     assert not {"__init__", "__setattr__", "__getattribute__"} & set(vars(Empty))  # hooks removed
     assert not {"__setattr__", "__getattribute__"} & set(vars(Holder))
     assert vars(Holder)["__init__"].__qualname__ == "Holder.__init__"
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_registered_object_the_backward_reads(fullgraph):
+    """Two inputs share one Holder; every op, backward ones included, bumps ``calls``. The
+    traced backward read ``calls`` as None (the registered object had no answer there) and
+    the compile crashed with a TypeError, under fullgraph=False too. Now refused while
+    compiling with nothing touched, and without fullgraph the frame runs eagerly: eager's
+    count and gradients."""
+
+    def g(a, b):
+        return (a * b).sum()
+
+    def make():
+        h = Holder()
+        return h, HolderTensor(torch.tensor([1.0, -2.0]), holder=h, requires_grad=True), HolderTensor(
+            torch.tensor([3.0, 4.0]), holder=h, requires_grad=True
+        )
+
+    he, ae, be = make()
+    g(ae, be).backward()
+    hc, ac, bc = make()
+    compiled = torch.compile(g, backend="aot_eager", fullgraph=fullgraph)
+    if fullgraph:
+        with pytest.raises(Exception, match="unsupported_state_read") as info:
+            compiled(ac, bc)
+        assert "'calls'" in str(info.value) and "register_ctx_state" in str(info.value)
+        assert hc.calls == 0 and "last_amax" not in vars(hc) and ac.grad is None
+        return
+    compiled(ac, bc).backward()
+    assert hc.calls == he.calls > 0
+    torch.testing.assert_close(hc.last_amax, he.last_amax)
+    for e, c in ((ae, ac), (be, bc)):
+        torch.testing.assert_close(c.grad.elem, e.grad.elem)
