@@ -894,7 +894,9 @@ def _ctx_leaves(obj: Any) -> tuple[Any, ...]:
         _, ctx = obj.__tensor_flatten__()
     except Exception:
         return ()
-    out: list[Any] = []
+    # its sizes and strides too: AOTAutograd checks the run-time gradient's against the
+    # traced ones (NestedTensor keeps the outer size unflatten got as ``_size``)
+    out: list[Any] = [tuple(obj.shape), tuple(obj.stride())]
     todo = [(ctx, 0)]
     while todo:
         value, depth = todo.pop()
@@ -908,12 +910,25 @@ def _ctx_leaves(obj: Any) -> tuple[Any, ...]:
 
 def _carried_by(value: Any, leaves: Sequence[Any]) -> bool:
     """``value`` is one of the ctx's values (the object itself; or an equal string, dtype,
-    enum, bool or None, which unflatten may rebuild)."""
+    enum, bool or None, which unflatten may rebuild), or the gradient's size or stride."""
     if any(value is leaf for leaf in leaves):
         return True
+    if isinstance(value, (tuple, list)):  # a size: the same ints and symbols, one by one
+        return any(
+            type(leaf) in (tuple, list) and len(leaf) == len(value) and all(_same_number(a, b) for a, b in zip(value, leaf))
+            for leaf in leaves
+        )
     if value is None or isinstance(value, (str, bool, torch.dtype, enum.Enum)):
         return any(type(leaf) is type(value) and leaf == value for leaf in leaves)
     return False
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt):
+        return str(a.node.expr) == str(b.node.expr)
+    return type(a) is int and type(b) is int and a == b
 
 
 def _read_on_gradient(twins: Sequence[dict], carried: Sequence[Any], t: Tracked, name: str) -> None:
@@ -952,6 +967,10 @@ def _read_on_gradient(twins: Sequence[dict], carried: Sequence[Any], t: Tracked,
         return  # the class's own (method, class attribute) on every instance alike
     if held is not MISSING and _carried_by(held, carried):
         return  # set from the ctx, which AOTAutograd checks on the run-time gradient
+    if type(t.obj).__module__.startswith("torch."):
+        # torch's own subclasses (NestedTensor's optional ``_lengths``, its metadata cache):
+        # their state derives from the inner tensors and ctx AOTAutograd checks, by design
+        return
     made = sorted({_shown(d.get(name, MISSING)) for d in twins}) or ["(no output of the class was made by dispatch)"]
     raise SubclassWriteError(
         RefusalKind.UNSUPPORTED_STATE_READ, t.cls_name, name, type(held).__name__ if held is not MISSING else "absent",
