@@ -215,26 +215,16 @@ def test_a_mark_only_unflatten_sets_read_through_the_dict(fn):
             torch.testing.assert_close(getattr(c.grad, "elem", c.grad), getattr(e.grad, "elem", e.grad), msg=lambda m: f"call {call}: {m}")
 
 
-class ScaleFromOperands(torch.Tensor):
+class ScaleFromOperands(Scaled):
     """A scaled tensor as low-precision training writes one: ``scale`` lives on the instance
     (not in the ctx), every op's result gets the product of its operands' scales, and
     ``mul`` applies it. Unflatten gives 1.0, as does the constructor by default."""
 
     @staticmethod
     def __new__(cls, elem, scale=1.0, requires_grad=False):
-        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, requires_grad=requires_grad)
-        r.elem = elem
+        r = Scaled.__new__(cls, elem, requires_grad)
         r.scale = scale
         return r
-
-    __torch_function__ = torch._C._disabled_torch_function_impl
-
-    def __tensor_flatten__(self):
-        return ["elem"], None
-
-    @classmethod
-    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
-        return cls(inner["elem"])
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
