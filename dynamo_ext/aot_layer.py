@@ -395,7 +395,7 @@ class Planner:
                 # back its entry state, where eager's backward reads what the forward left,
                 # and nothing guards what only the backward reads of it.
                 raise SubclassWriteError(
-                    RefusalKind.UNSUPPORTED_STATE_READ, type(t.obj).__name__, name, type(capture.obj_dict(t.obj).get(name)).__name__,
+                    RefusalKind.UNSUPPORTED_STATE_READ, t.cls_name, name, type(capture.obj_dict(t.obj).get(name)).__name__,
                     "the traced backward reads an attribute of a registered state object (register_ctx_state) "
                     "a flatten ctx reaches: the compiled backward cannot read the value eager's backward reads",
                 )
@@ -924,11 +924,7 @@ def _carried_by(value: Any, leaves: Sequence[Any]) -> bool:
 
 
 def _same_number(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    if isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt):
-        return str(a.node.expr) == str(b.node.expr)
-    return type(a) is int and type(b) is int and a == b
+    return a is b or _same_symbol(a, b) or (type(a) is int and type(b) is int and a == b)
 
 
 def _read_on_gradient(twins: Sequence[dict], carried: Sequence[Any], t: Tracked, name: str) -> None:

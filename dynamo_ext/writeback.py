@@ -63,13 +63,10 @@ def make_apply_in_graph_mutations(original: Callable[..., Any]) -> Callable[...,
             or input_info.mutates_storage_metadata
             or input_info.mutation_inductor_storage_resize
         )
-        pairs = _inner_pairs(inpt_old, inpt_new) if data_only else None
-        if pairs is not None and _records_autograd(inpt_old):
-            pairs = None
+        pairs = _inner_writes(inpt_old, inpt_new) if data_only else None
         if pairs is not None:
             for old_inner, new_inner in pairs:
-                if new_inner is not old_inner:
-                    apply_in_graph_mutations(input_info, old_inner, new_inner, f_inpt, input_idx, *rest, **kwargs)
+                apply_in_graph_mutations(input_info, old_inner, new_inner, f_inpt, input_idx, *rest, **kwargs)
             return None
         try:
             return original(input_info, inpt_old, inpt_new, f_inpt, input_idx, *rest, **kwargs)
@@ -86,10 +83,15 @@ def make_apply_in_graph_mutations(original: Callable[..., Any]) -> Callable[...,
     return apply_in_graph_mutations
 
 
-def _records_autograd(dst: torch.Tensor) -> bool:
-    """Autograd must record a copy on ``dst``: inner copies would leave its history without
-    it, a silently wrong gradient later."""
-    return torch.is_grad_enabled() and dst.requires_grad
+def _inner_writes(old: torch.Tensor, new: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """The inner tensors to write back one by one (those the graph did not return
+    unchanged), where the write is inner-wise: the same subclass with the same ctx, and
+    autograd need not record the copy on ``old`` (inner copies would leave its history
+    without it, a silently wrong gradient later). None: the outer ``copy_``."""
+    pairs = _inner_pairs(old, new)
+    if pairs is None or (torch.is_grad_enabled() and old.requires_grad):
+        return None
+    return [(o, n) for o, n in pairs if n is not o]
 
 
 def copy_back(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -97,20 +99,12 @@ def copy_back(dst: torch.Tensor, src: torch.Tensor) -> None:
     ctx (an inner tensor returned unchanged is left alone); the subclass's own ``copy_``
     where that is not the same write, or where autograd must record it (then the
     subclass's own error is raised if it cannot copy)."""
-    pairs = _inner_pairs(dst, src)
-    if pairs is not None and _records_autograd(dst):
-        pairs = None
-    if pairs is not None:
-        for old_inner, new_inner in pairs:
-            if new_inner is not old_inner:
-                copy_back(old_inner, new_inner)
-        return
-    try:
+    pairs = _inner_writes(dst, src)
+    if pairs is None:
         dst.copy_(src)
-    except RuntimeError as e:
-        if _records_autograd(dst):
-            raise
-        _copy_inner(dst, src, copy_back, e)
+        return
+    for old_inner, new_inner in pairs:
+        copy_back(old_inner, new_inner)
 
 
 # The run-time epilogue AOTAutograd generates for mutated inputs writes them back with
