@@ -38,6 +38,10 @@ class Patch:
     #: function moved elsewhere (still importable under the old name, no longer called
     #: through it) fails loudly instead of leaving the row inert.
     defined_here: bool = True
+    #: Called while compiled code runs (not only while compiling): the replacement runs with
+    #: Dynamo's frame evaluation off, so a frame Dynamo is watching (a ``backward()`` after a
+    #: graph break) does not trace dynamo_ext's own code.
+    runtime: bool = False
 
     @property
     def target(self) -> str:
@@ -122,6 +126,10 @@ class PatchSet:
             kind = type(original) if isinstance(original, (classmethod, staticmethod)) else None
             fn = original.__func__ if kind else original
             replacement = _counted(patch.target, patch.make_replacement(fn))
+            if patch.runtime:
+                import torch._dynamo
+
+                replacement = torch._dynamo.disable(replacement)
             setattr(owner, patch.attr, kind(replacement) if kind else replacement)
             self._originals.append((patch, owner, original))
 

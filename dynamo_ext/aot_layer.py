@@ -110,6 +110,9 @@ class Planner:
         self._late_pending: Scope | None = None  # See Note [Where the traced backward begins]
         self.in_joint = False  # inside AOTAutograd's joint forward+backward function
         self.tangents: list[Any] = []  # the joint's incoming gradients that are subclasses
+        # (class, name): what the traced backward read on an incoming gradient as its flatten
+        # ctx carries it (See Note [A gradient coerced to the traced metadata])
+        self.tangent_ctx_reads: set[tuple[type, str]] = set()
         # the subclasses the latest pass returned (nested ones too), as dispatch left them:
         # type -> their instance dicts (See Note [Reads on incoming gradients])
         self.made_by_dispatch: dict[type, list[dict]] = {}
@@ -347,7 +350,7 @@ class Planner:
             # The incoming gradients (tangents) are the joint's own inputs: what dispatch
             # writes on them is unwound too (See Note [Writes on incoming gradients]).
             for obj in self.tangents:
-                _track_tangent(late, obj, self.made_by_dispatch)
+                _track_tangent(late, obj, self.made_by_dispatch, self.tangent_ctx_reads)
             # Active from where the backward begins (open_late): what AOTAutograd does
             # between, on the same instances, is the forward's bookkeeping, not the
             # backward's reads (See Note [Where the traced backward begins]).
@@ -866,7 +869,9 @@ def _watch_classes(objs: Any) -> free_state.ModuleWatch:
     return watch
 
 
-def _track_tangent(scope: Scope, obj: Any, made_by_dispatch: dict[type, list[dict]], depth: int = 0) -> None:
+def _track_tangent(
+    scope: Scope, obj: Any, made_by_dispatch: dict[type, list[dict]], ctx_reads: set[tuple[type, str]], depth: int = 0
+) -> None:
     """Note [Writes on incoming gradients]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     In eager, the gradient flowing into an op's backward is a temporary autograd made
@@ -879,11 +884,11 @@ def _track_tangent(scope: Scope, obj: Any, made_by_dispatch: dict[type, list[dic
     if depth > 4 or scope.lookup(obj) is not None:
         return
     t = scope.track(obj, None)
-    t.on_read = functools.partial(_read_on_gradient, made_by_dispatch.get(type(obj), ()), _ctx_leaves(obj))
+    t.on_read = functools.partial(_read_on_gradient, made_by_dispatch.get(type(obj), ()), _ctx_leaves(obj), ctx_reads)
     for name in capture._flatten_names(obj):
         child = capture.obj_dict(obj).get(name)
         if _is_subclass(child):
-            _track_tangent(scope, child, made_by_dispatch, depth + 1)
+            _track_tangent(scope, child, made_by_dispatch, ctx_reads, depth + 1)
 
 
 def _ctx_leaves(obj: Any) -> tuple[Any, ...]:
@@ -927,7 +932,9 @@ def _same_number(a: Any, b: Any) -> bool:
     return a is b or _same_symbol(a, b) or (type(a) is int and type(b) is int and a == b)
 
 
-def _read_on_gradient(twins: Sequence[dict], carried: Sequence[Any], t: Tracked, name: str) -> None:
+def _read_on_gradient(
+    twins: Sequence[dict], carried: Sequence[Any], ctx_reads: set[tuple[type, str]], t: Tracked, name: str
+) -> None:
     """Note [Reads on incoming gradients]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     In eager, the gradient an op's backward dispatch gets was made by dispatch (the
@@ -951,7 +958,7 @@ def _read_on_gradient(twins: Sequence[dict], carried: Sequence[Any], t: Tracked,
     if name is capture.KEYS:
         names = set(capture.user_state(capture.obj_dict(t.obj))).union(*(d.keys() for d in twins))
         for n in sorted(names - t.written):
-            _read_on_gradient(twins, carried, t, n)
+            _read_on_gradient(twins, carried, ctx_reads, t, n)
         return
     if name in t.flatten_names:
         _read_inner_on_gradient(twins, t, name)
@@ -961,9 +968,14 @@ def _read_on_gradient(twins: Sequence[dict], carried: Sequence[Any], t: Tracked,
     held = capture.obj_dict(t.obj).get(name, MISSING)
     if held is MISSING and not any(name in d for d in twins):
         return  # the class's own (method, class attribute) on every instance alike
+    is_torch_own = type(t.obj).__module__.startswith("torch.")
     if held is not MISSING and _carried_by(held, carried):
-        return  # set from the ctx, which AOTAutograd checks on the run-time gradient
-    if type(t.obj).__module__.startswith("torch."):
+        # set from the ctx, which AOTAutograd checks on the run-time gradient, and coerces
+        # where it differs (See Note [A gradient coerced to the traced metadata])
+        if not is_torch_own:
+            ctx_reads.add((type(t.obj), name))
+        return
+    if is_torch_own:
         # torch's own subclasses (NestedTensor's optional ``_lengths``, its metadata cache):
         # their state derives from the inner tensors and ctx AOTAutograd checks, by design
         return
@@ -1288,6 +1300,8 @@ def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         set_pending(None)
         try:
+            state = args[0] if args else kwargs.get("aot_state")
+            _mark_tangent_metas(getattr(getattr(state, "fw_metadata", None), "subclass_tangent_meta", None), planner.tangent_ctx_reads)
             capture_ = args[1] if len(args) > 1 else kwargs.get("aot_graph_capture")
             planner.joint_graph = getattr(getattr(capture_, "graph_module", None), "graph", None)
             compiled, meta = original(*args, **kwargs)
@@ -1309,6 +1323,94 @@ def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         return wrapped, meta
 
     return aot_stage2_compile
+
+
+#: The attribute of an incoming gradient's SubclassCreationMeta naming what the traced
+#: backward read from the gradient's flatten ctx.
+CTX_READS_ATTR = "_dynamo_ext_ctx_reads"
+
+
+def _mark_tangent_metas(metas: Sequence[Any] | None, reads: set[tuple[type, str]]) -> None:
+    """Note [A gradient coerced to the traced metadata]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    The compiled backward was traced with tangents whose flatten ctx is the forward output's.
+    Eager's gradient is made after the graph (by the backward of the ops that follow it, by
+    the caller), and its ctx may differ: AOTAutograd then calls the subclass's
+    ``__coerce_same_metadata_as_tangent__``, which gives the gradient the traced ctx. What the
+    traced backward's dispatch read from that ctx (a ``scale`` served from a ctx tuple) is the
+    traced value, where eager's backward reads the gradient's own: the gradients would differ,
+    silently. Each incoming gradient's creation meta is marked with the names its class's
+    traced backward read as the ctx carries them (by class: the joint's tangents are not
+    numbered as the metas are); when the compiled backward runs, a coercion that changes
+    one of them is refused (``changed_before_backward``) before any gradient is accumulated
+    (``make_process_tangent_hook``). A coercion that changes only what the backward does not
+    read (a call count kept in the ctx) is what the hook is for, and runs."""
+    if not metas or not reads:
+        return
+    by_class: dict[type, set[str]] = {}
+    for cls, name in reads:
+        by_class.setdefault(cls, set()).add(name)
+    todo = list(metas)
+    while todo:
+        m = todo.pop()
+        attrs = getattr(m, "attrs", None)
+        if not isinstance(attrs, dict):
+            continue  # a plain tensor's (or an opaque object's) meta
+        names = by_class.get(_meta_class(m))
+        if names:
+            setattr(m, CTX_READS_ATTR, frozenset(names) | getattr(m, CTX_READS_ATTR, frozenset()))
+        todo.extend(attrs.values())
+
+
+def _meta_class(meta: Any) -> type | None:
+    """The subclass a SubclassCreationMeta rebuilds (its instance until make_runtime_safe)."""
+    cls = getattr(meta, "original_subclass_type", None)
+    if cls is None and getattr(meta, "original_subclass", None) is not None:
+        cls = type(meta.original_subclass)
+    return cls
+
+
+def _same_read(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if type(a) is not type(b) or isinstance(a, torch.Tensor):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def make_process_tangent_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``AOTDispatchAutograd.process_runtime_tangent``, which the compiled
+    backward calls on each incoming gradient (bound when its prologue is generated): a
+    coercion to the traced ctx that changes a value the traced backward read is refused
+    (See Note [A gradient coerced to the traced metadata])."""
+
+    @functools.wraps(original)
+    def process_runtime_tangent(x: Any, meta: Any, *args: Any, **kwargs: Any) -> Any:
+        names = getattr(meta, CTX_READS_ATTR, None)
+        if not names or not isinstance(x, torch.Tensor) or isinstance(x, torch._subclasses.fake_tensor.FakeTensor):
+            return original(x, meta, *args, **kwargs)
+        if type(x) is _meta_class(meta) and x.__tensor_flatten__()[1] == meta.meta:
+            return original(x, meta, *args, **kwargs)  # nothing is coerced
+        before = {n: capture.eager_lookup(x, n)[0] for n in sorted(names)}
+        out = original(x, meta, *args, **kwargs)
+        coerced = out[0]
+        for name, value in before.items():
+            now = capture.eager_lookup(coerced, name)[0]
+            if not _same_read(value, now):
+                raise SubclassWriteError(
+                    RefusalKind.CHANGED_BEFORE_BACKWARD, type(x).__name__, name, type(value).__name__,
+                    f"the incoming gradient's flatten ctx ({x.__tensor_flatten__()[1]!r} on a {type(x).__name__}) is "
+                    f"not the traced one ({meta.meta!r}): __coerce_same_metadata_as_tangent__ changed {name!r} from "
+                    f"{_shown(value)} to {_shown(now)}, and the compiled backward read the traced value where eager's "
+                    "backward reads the gradient's own; carry only what the backward does not compute with in a "
+                    "ctx that changes, or keep the gradient's ctx equal to the forward output's",
+                )
+        return out
+
+    return process_runtime_tangent
 
 
 def _holding(compiled: Callable[..., Any], keep: Any) -> Callable[..., Any]:

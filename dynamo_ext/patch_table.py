@@ -153,6 +153,16 @@ TABLE: list[Patch] = [
         "state the pass left, undone again after. Called as a module global.",
     ),
     Patch(
+        "torch._functorch._aot_autograd.runtime_wrappers:AOTDispatchAutograd",
+        "process_runtime_tangent",
+        aot_layer.make_process_tangent_hook,
+        why="The compiled backward coerces an incoming gradient whose flatten ctx differs from "
+        "the traced one (__coerce_same_metadata_as_tangent__); a coercion that changes a value "
+        "the traced backward read is refused there (See Note [A gradient coerced to the traced "
+        "metadata]). A staticmethod the generated prologue binds when it is built.",
+        runtime=True,
+    ),
+    Patch(
         "torch._functorch._aot_autograd.graph_capture_wrappers",
         "apply_in_graph_mutations",
         writeback.make_apply_in_graph_mutations,

@@ -891,6 +891,47 @@ def backward_change_justified(exc: BaseException, at_break: dict | None, after: 
     )
 
 
+def coerced_gradient_justified(exc: BaseException, outs_and_grads: Sequence[tuple], others: Sequence[Any], read: set) -> bool:
+    """A ``changed_before_backward`` refusal of an incoming gradient the compiled backward
+    would coerce (See Note [A gradient coerced to the traced metadata]) is allowed where it is
+    true: in eager, the gradient flowing into some output held, when it got there, another
+    value of the attribute the refusal names than the output did (at any nesting level: a
+    mul after the graph, ``backward()``'s ones made from another tensor's ctx), and eager's
+    backward read that attribute on a gradient (an object that is neither an input nor an
+    output). ``outs_and_grads``: (output's state, its gradient's state), each a list of
+    (class name, attributes) as ``_state_tree`` took them when the gradient arrived;
+    ``others``: the inputs and outputs; ``read``: (id, name) reads of eager's backward."""
+    e = _subclass_write_error(exc)
+    if e is None or e.kind is not RefusalKind.CHANGED_BEFORE_BACKWARD or "__coerce_same_metadata_as_tangent__" not in str(e):
+        return False
+    absent = object()
+
+    def differs(a: Any, b: Any) -> bool:
+        return type(a) is not type(b) or a != b
+
+    if not any(
+        len(out) != len(g)
+        or any(oc != gc or differs(od.get(e.attr, absent), gd.get(e.attr, absent)) for (oc, od), (gc, gd) in zip(out, g))
+        for out, g in outs_and_grads
+    ):
+        return False
+    not_grads = {id(o) for o in others}
+    return any(name == e.attr and oid not in not_grads for oid, name in read)
+
+
+def _state_tree(t: Any, depth: int = 0) -> list[tuple[str, dict]]:
+    """A subclass's non-tensor attributes, and its nested subclasses' (by name), read past the
+    class's ``__getattribute__`` (the backward's read log must not see them)."""
+    if not is_traceable_wrapper_subclass(t):
+        return [(type(t).__name__, {})]
+    d = object.__getattribute__(t, "__dict__")
+    out = [(type(t).__name__, {k: v for k, v in d.items() if not isinstance(v, torch.Tensor)})]
+    if depth < 3:
+        for name in sorted(k for k, v in d.items() if is_traceable_wrapper_subclass(v)):
+            out.extend(_state_tree(d[name], depth + 1))
+    return out
+
+
 def gradient_ctx_refusal_justified(exc: BaseException, program: Program, e_in: Sequence[Any], e_out: Any) -> bool:
     """A ``write_in_backward`` refusal of a gradient whose traced flatten ctx holds a symbolic
     value (See Note [A gradient's ctx made from sizes or counts]), at any compile, is allowed
@@ -1101,11 +1142,22 @@ def _run_case(spec: Spec, program: Program, backend: str) -> None:
         assert_same_outputs(e_out, c_out, where, ignore)
         if program.requires_grad:
             e_read: set = set()
+            e_grads: list[tuple] = []  # (output, the gradient flowing into it) as it arrived, in eager
+            hooks = [
+                t.register_hook(lambda g, t=t: e_grads.append((_state_tree(t), _state_tree(g))))
+                for t in tree_leaves(e_out)
+                if isinstance(t, torch.Tensor) and t.requires_grad
+            ]
             with _reads_logged([c for c in (cls, inner_cls) if c is not None], e_read):
                 _backward(e_out)
+            for h in hooks:
+                h.remove()
             try:
                 _backward(c_out)
             except Exception as exc:
+                if coerced_gradient_justified(exc, e_grads, list(e_in) + list(tree_leaves(e_out)), e_read):
+                    _event("refused when the backward ran: changed_before_backward (a gradient's ctx coerced)")
+                    return
                 if not backward_change_justified(exc, e_at_break, e_after, e_read):
                     raise
                 _event("refused when the backward ran: changed_before_backward (a later graph moved state on)")

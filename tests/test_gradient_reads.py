@@ -274,3 +274,104 @@ def test_a_gradient_scale_the_trace_cannot_know_is_refused(cls, gradient, fullgr
     xc = run(compiled)
     torch.testing.assert_close(xc.grad.elem, xe.grad.elem, rtol=0, atol=0)
     assert xc.grad.scale == xe.grad.scale
+
+
+class QMeta(torch.Tensor):
+    """A quantized-style tensor: ``(scale, zero_point)`` in a ctx tuple ``_qmeta``, ``scale``
+    served by the class's ``__getattr__``; ``mul`` multiplies its result by the first
+    argument's scale, and results take the first argument's ``_qmeta``. A gradient whose ctx
+    differs from the traced one is coerced to it, as torch asks of a subclass."""
+
+    @staticmethod
+    def __new__(cls, elem, qmeta=(1.0, 0), requires_grad=False):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, requires_grad=requires_grad)
+        r.elem = elem
+        r._qmeta = qmeta
+        return r
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __getattr__(self, name):
+        if name == "scale":
+            return self._qmeta[0]
+        raise AttributeError(name)
+
+    def __tensor_flatten__(self):
+        return ["elem"], self._qmeta
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        return cls(inner["elem"], ctx)
+
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        return type(self)(self.elem, expected_metadata)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        first = next(a for a in pytree.tree_leaves(args) if isinstance(a, cls))
+        out = func(*pytree.tree_map_only(cls, lambda t: t.elem, args), **pytree.tree_map_only(cls, lambda t: t.elem, kwargs))
+        if func is aten.mul.Tensor:
+            out = out * getattr(first, "scale", 1.0)
+        return pytree.tree_map_only(torch.Tensor, lambda o: cls(o, first._qmeta), out)
+
+
+class Labelled(QMeta):
+    """The same, but dispatch reads nothing of the ctx: ``mul`` does not scale, and results
+    get the default ``_qmeta`` (the ctx is a label the user sets)."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*pytree.tree_map_only(cls, lambda t: t.elem, args), **pytree.tree_map_only(cls, lambda t: t.elem, kwargs))
+        return pytree.tree_map_only(torch.Tensor, cls, out)
+
+
+def _gradient_run(fn, cls, gradient):
+    x = cls(torch.tensor([0.5, 1.0, 2.0]), requires_grad=True)
+    s = cls(torch.ones(3), (2.0, 1))  # another ctx than the graph's output holds
+    if gradient == "passed":
+        fn(x).backward(gradient=s)
+    elif gradient == "made_after_the_graph":
+        (s * fn(x)).sum().backward()
+    else:  # the traced ctx: nothing is coerced
+        fn(x).sum().backward()
+    return x
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+@pytest.mark.parametrize("gradient", ["passed", "made_after_the_graph", "same_ctx"])
+def test_a_gradient_coerced_to_the_traced_ctx_the_backward_reads(gradient, fullgraph):
+    """The compiled backward's mul read the traced tangent's scale (1.0) where eager's
+    gradient holds 2.0; AOTAutograd coerced the gradient to the traced ctx and x.grad came
+    out 2x off, silently (stock too; a long fuzz finding). Refused when backward() runs,
+    before any gradient is accumulated (See Note [A gradient coerced to the traced
+    metadata]); a gradient with the traced ctx compiles and matches."""
+    xe = _gradient_run(_sin_times_3, QMeta, gradient)
+    compiled = torch.compile(_sin_times_3, backend="aot_eager", fullgraph=fullgraph)
+    if gradient == "same_ctx":
+        xc = _gradient_run(compiled, QMeta, gradient)
+        torch.testing.assert_close(xc.grad.elem, xe.grad.elem, rtol=0, atol=0)
+        return
+    with pytest.raises(dynamo_ext.SubclassWriteError) as info:
+        _gradient_run(compiled, QMeta, gradient)
+    assert info.value.kind is RefusalKind.CHANGED_BEFORE_BACKWARD and info.value.attr == "_qmeta"
+    assert "__coerce_same_metadata_as_tangent__" in str(info.value)
+
+
+def test_stock_coerces_the_gradient_and_its_grad_is_off():
+    dynamo_ext.disable()
+    xe = _gradient_run(_sin_times_3, QMeta, "passed")
+    xc = _gradient_run(torch.compile(_sin_times_3, backend="aot_eager", fullgraph=True), QMeta, "passed")
+    assert not torch.allclose(xc.grad.elem, xe.grad.elem)
+
+
+@pytest.mark.parametrize("gradient", ["passed", "made_after_the_graph"])
+def test_a_gradient_coerced_in_what_the_backward_does_not_read(gradient):
+    """A ctx dispatch does not read (a label): the coercion is what the hook is for, and the
+    compiled backward runs with eager's gradients. (Dispatch that passes a gradient's ctx on
+    to its results reads it: a gradient coerced there is refused, since eager's x.grad would
+    hold the gradient's ctx where the compiled one holds the traced one.)"""
+    xe = _gradient_run(_sin_times_3, Labelled, gradient)
+    xc = _gradient_run(torch.compile(_sin_times_3, backend="aot_eager", fullgraph=True), Labelled, gradient)
+    torch.testing.assert_close(xc.grad.elem, xe.grad.elem, rtol=0, atol=0)
