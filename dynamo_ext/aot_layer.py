@@ -39,6 +39,7 @@ import dataclasses
 import enum
 import functools
 import sys
+import warnings
 import weakref
 from typing import Any, Callable, Iterator, Sequence
 
@@ -397,10 +398,14 @@ class Planner:
                 # A registered state object a ctx reaches (``stats.calls``): the pass put
                 # back its entry state, where eager's backward reads what the forward left,
                 # and nothing guards what only the backward reads of it.
+                reader = capture.dispatching_class()
                 raise SubclassWriteError(
-                    RefusalKind.UNSUPPORTED_STATE_READ, t.cls_name, name, type(capture.obj_dict(t.obj).get(name)).__name__,
-                    "the traced backward reads an attribute of a registered state object (register_ctx_state) "
-                    "a flatten ctx reaches: the compiled backward cannot read the value eager's backward reads",
+                    RefusalKind.UNSUPPORTED_STATE_READ, reader.__name__ if reader is not None else t.cls_name, name,
+                    type(capture.obj_dict(t.obj).get(name)).__name__,
+                    f"the traced backward reads {name!r} of a {t.cls_name}, a state object registered with "
+                    "register_ctx_state that a flatten ctx reaches: the compiled backward cannot read the value "
+                    "eager's backward reads (the object's registration is not the problem: read the value in the "
+                    "forward and carry it in the ctx, or keep it off the backward)",
                 )
             return None
         if name is capture.KEYS or isinstance(name, capture.Unshadowed):
@@ -1485,6 +1490,30 @@ def make_coerce_tangent_hook(original: Callable[..., Any]) -> Callable[..., Any]
     return coerce_tangent_and_suggest_memory_format
 
 
+@contextlib.contextmanager
+def _anomaly_reports_kept_unless_refused() -> Iterator[None]:
+    """AOTAutograd traces the backward under anomaly mode, which warns "Error detected in
+    ...Backward0" with the forward's traceback for any exception raised in it: for a refusal
+    (a frame that then runs eagerly under ``fullgraph=False``) that is noise on the user's
+    stderr. Warnings raised in the block are held and shown when it ends, except the anomaly
+    reports of a block a dynamo_ext refusal leaves."""
+    held: list[Any] = []
+    refused = False
+    try:
+        with warnings.catch_warnings(record=True) as log:
+            try:
+                yield
+            except SubclassWriteError:
+                refused = True
+                raise
+            finally:
+                held = list(log)
+    finally:
+        for w in held:
+            if not (refused and str(w.message).startswith("Error detected in")):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+
 def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replacement for ``create_joint`` as bound in AOTAutograd's graph capture: the joint
     function runs the traced forward, then the backward; the backward's reads and writes
@@ -1510,7 +1539,7 @@ def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             planner.tangents = [t for t in pytree.tree_leaves(a[1:]) if _is_subclass(t)] if len(a) > 1 else []
             watch = _watch_classes(leaf for leaf in pytree.tree_leaves(a) if _is_subclass(leaf))  # the backward too
             try:
-                with watch.watching() as changes:
+                with watch.watching() as changes, _anomaly_reports_kept_unless_refused():
                     out = joint(*a, **kw)
                 if changes:
                     raise SubclassWriteError(

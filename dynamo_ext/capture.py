@@ -803,10 +803,21 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
         def __torch_dispatch__(klass: type, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if getattr(_local, "scope", None) is not None:
                 args, kwargs = as_eager_passes(func, args, kwargs)
-            return dispatch.__get__(None, klass)(func, types, args, kwargs)
+            stack = _local.__dict__.setdefault("dispatching", [])
+            stack.append(klass)
+            try:
+                return dispatch.__get__(None, klass)(func, types, args, kwargs)
+            finally:
+                stack.pop()
 
         hooks["__torch_dispatch__"] = classmethod(__torch_dispatch__)
     return hooks
+
+
+def dispatching_class() -> type | None:
+    """The subclass whose ``__torch_dispatch__`` runs innermost on this thread (while hooked)."""
+    stack = getattr(_local, "dispatching", None)
+    return stack[-1] if stack else None
 
 
 def _user_dispatch(cls: type) -> Any:
