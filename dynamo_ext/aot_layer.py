@@ -918,18 +918,61 @@ def _ctx_leaves(obj: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _carried_by(value: Any, leaves: Sequence[Any]) -> bool:
-    """``value`` is one of the ctx's values (the object itself; or an equal string, dtype,
-    enum, bool or None, which unflatten may rebuild), or the gradient's size or stride."""
-    if any(value is leaf for leaf in leaves):
-        return True
-    if isinstance(value, (tuple, list)):  # a size: the same ints and symbols, one by one
-        return any(
+#: Values whose identity says nothing of where they came from (interned, cached or
+#: singletons): ``step = 0`` set by a constructor is the ctx's ``0`` object too.
+_ATOMS = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format, enum.Enum)
+
+
+def _carried_by(obj: Any, name: str, value: Any, leaves: Sequence[Any]) -> bool:
+    """``obj.name`` (``value``) is carried by the flatten ctx: the ctx is made from it (its
+    ``__tensor_flatten__`` puts a stand-in set there in the ctx), or it is one of the ctx's own
+    objects (not an atom: a ``0`` or ``True`` is every other one too), or it is the
+    gradient's size or stride."""
+    if isinstance(value, (tuple, list)) and all(type(v) is int or isinstance(v, torch.SymInt) for v in value):
+        # a size: the same ints and symbols, one by one
+        if any(
             type(leaf) in (tuple, list) and len(leaf) == len(value) and all(_same_number(a, b) for a, b in zip(value, leaf))
-            for leaf in leaves
-        )
-    if value is None or isinstance(value, (str, bool, torch.dtype, enum.Enum)):
-        return any(type(leaf) is type(value) and leaf == value for leaf in leaves)
+            for leaf in leaves[:2]
+        ):
+            return True
+    if _feeds_ctx(obj, name):
+        return True
+    return not isinstance(value, _ATOMS) and any(value is leaf for leaf in leaves)
+
+
+class _StandIn:
+    __slots__ = ()
+
+
+def _feeds_ctx(obj: Any, name: str) -> bool:
+    """Whether ``obj``'s flatten ctx is made from its attribute ``name``: flattened with a
+    stand-in there, the ctx holds the stand-in (in tuples, lists, dicts and objects' dicts,
+    three levels deep). Seen by no scope; the attribute is put back."""
+    d = capture.obj_dict(obj)
+    if name not in d:
+        return False
+    old, stand_in = d[name], _StandIn()
+    try:
+        with capture.unobserved():
+            d[name] = stand_in
+            _, ctx = obj.__tensor_flatten__()
+    except Exception:
+        return False
+    finally:
+        d[name] = old
+    todo = [(ctx, 0)]
+    while todo:
+        v, depth = todo.pop()
+        if v is stand_in:
+            return True
+        if depth >= 3:
+            continue
+        if type(v) in (tuple, list):
+            todo.extend((x, depth + 1) for x in v)
+        elif type(v) is dict:
+            todo.extend((x, depth + 1) for x in v.values())
+        elif hasattr(v, "__dict__") and not isinstance(v, (type, torch.Tensor)):
+            todo.extend((x, depth + 1) for x in vars(v).values())
     return False
 
 
@@ -952,8 +995,11 @@ def _read_on_gradient(
     caller (``backward(gradient=g)``): what reaches the compiled backward of it is its
     inner tensors and its flatten ctx, which AOTAutograd compares with the traced one at
     run time. So a read is left as traced only where the value is carried by the ctx (the
-    ctx's own object: DTensor's ``_spec``, a float8 tensor's config; or an equal string,
-    dtype, enum, bool or None), or where neither the tangent nor any dispatch-made output
+    ctx is made from the attribute, as a stand-in put there shows; or the value is one of the
+    ctx's own objects, DTensor's ``_spec``, a float8 tensor's config, but not an int, string
+    or other atom, whose identity says nothing: a constructor's ``step = 0`` is the ctx's
+    ``0`` object too, and a long fuzz run found it read as carried until a recompile made the
+    ctx's count symbolic), or where neither the tangent nor any dispatch-made output
     of the class holds the name (the class's own method or attribute). Any other value (a
     ``scale`` dispatch computes from its operands, one only unflatten sets) is refused
     (``unsupported_state_read``), even where this pass's outputs hold an equal one: they
@@ -974,7 +1020,7 @@ def _read_on_gradient(
     if held is MISSING and not any(name in d for d in twins):
         return  # the class's own (method, class attribute) on every instance alike
     is_torch_own = type(t.obj).__module__.startswith("torch.")
-    if held is not MISSING and _carried_by(held, carried):
+    if held is not MISSING and _carried_by(t.obj, name, held, carried):
         # set from the ctx, which AOTAutograd checks on the run-time gradient, and coerces
         # where it differs (See Note [A gradient coerced to the traced metadata])
         if not is_torch_own:

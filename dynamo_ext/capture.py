@@ -88,6 +88,18 @@ def current() -> "Scope | None":
     return getattr(_local, "scope", None)
 
 
+@contextlib.contextmanager
+def unobserved() -> Iterator[None]:
+    """No scope on this thread for the block: dynamo_ext's own look at a tracked object
+    (calling its ``__tensor_flatten__``) is neither a read nor a write."""
+    previous = current()
+    _local.scope = None
+    try:
+        yield
+    finally:
+        _local.scope = previous
+
+
 # --------------------------------------------------------------------------- #
 # Registered state classes (objects reachable from a flatten ctx)
 # --------------------------------------------------------------------------- #

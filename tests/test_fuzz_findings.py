@@ -582,6 +582,16 @@ FOUND = [
         "calls=3,dynamic=True,batch='grow',changes=(),ext_changes=(),break_top=True,reads_globals=False)",
         "aot_eager",
     ),
+    # The inner subclass's constructor sets ``step = 0``, bumped by the backward's add on an
+    # incoming gradient: the read was taken as carried by the flatten ctx, whose count was
+    # the same ``0`` object, until call 2's recompile made the count symbolic and refused it
+    # there (a refusal after a compile that ran). Now refused at call 1.
+    (
+        "Spec(writes=(Write(op='add',kind='constant',attr='a',in_ctx=False,grows_flatten=False),),"
+        "inner=Inner(ctx_op='add',dict_op='add',dict_kind='step'))",
+        "Program(n_inputs=1,steps=(('add',0,0),),break_after=None,requires_grad=True,calls=2)",
+        "aot_eager",
+    ),
     # A user __getattr__ serves ``scale`` from a ctx tuple (``_qmeta``), which the backward's
     # add multiplies by; the user changed the served value on one input before call 3. The
     # gradient flowing into that input's output (made from the loss, another ctx) differed
