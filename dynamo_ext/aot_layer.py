@@ -904,9 +904,7 @@ def _ctx_leaves(obj: Any) -> tuple[Any, ...]:
         _, ctx = obj.__tensor_flatten__()
     except Exception:
         return ()
-    # its sizes and strides too: AOTAutograd checks the run-time gradient's against the
-    # traced ones (NestedTensor keeps the outer size unflatten got as ``_size``)
-    out: list[Any] = [tuple(obj.shape), tuple(obj.stride())]
+    out: list[Any] = []
     todo = [(ctx, 0)]
     while todo:
         value, depth = todo.pop()
@@ -929,10 +927,12 @@ def _carried_by(obj: Any, name: str, value: Any, leaves: Sequence[Any]) -> bool:
     objects (not an atom: a ``0`` or ``True`` is every other one too), or it is the
     gradient's size or stride."""
     if isinstance(value, (tuple, list)) and all(type(v) is int or isinstance(v, torch.SymInt) for v in value):
-        # a size: the same ints and symbols, one by one
+        # a size: the same ints and symbols, one by one (AOTAutograd checks the run-time
+        # gradient's sizes and strides against the traced ones; NestedTensor keeps the outer
+        # size unflatten got as ``_size``)
         if any(
-            type(leaf) in (tuple, list) and len(leaf) == len(value) and all(_same_number(a, b) for a, b in zip(value, leaf))
-            for leaf in leaves[:2]
+            len(size) == len(value) and all(_same_number(a, b) for a, b in zip(value, size))
+            for size in (tuple(obj.shape), tuple(obj.stride()))
         ):
             return True
     if _feeds_ctx(obj, name):
@@ -1421,17 +1421,6 @@ def _meta_class(meta: Any) -> type | None:
     return cls
 
 
-def _same_read(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    if type(a) is not type(b) or isinstance(a, torch.Tensor):
-        return False
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
-
-
 def make_process_tangent_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replacement for ``AOTDispatchAutograd.process_runtime_tangent``, which the compiled
     backward calls on each incoming gradient (bound when its prologue is generated): a
@@ -1450,7 +1439,7 @@ def make_process_tangent_hook(original: Callable[..., Any]) -> Callable[..., Any
         coerced = out[0]
         for name, value in before.items():
             now = capture.eager_lookup(coerced, name)[0]
-            if not _same_read(value, now):
+            if not same_value(value, now):
                 raise SubclassWriteError(
                     RefusalKind.CHANGED_BEFORE_BACKWARD, type(x).__name__, name, type(value).__name__,
                     f"the incoming gradient's flatten ctx ({x.__tensor_flatten__()[1]!r} on a {type(x).__name__}) is "
