@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import dataclasses
 import enum
 import functools
@@ -49,7 +50,7 @@ import torch.utils._pytree as pytree
 from . import capture, config, counters, free_state, guards, handoff
 from .capture import Scope, Tracked, Write
 from .errors import RefusalKind, SubclassWriteError
-from .plan import EntryRead, PlannedWrite, ReadKind, Replay, ValueFrom, WritePlan
+from .plan import SYMBOL_VALUES_ATTR, EntryRead, PlannedWrite, ReadKind, Replay, ValueFrom, WritePlan
 _NOT_WRITTEN: Any = object()  # Planner.answer_backward: a name the forward did not write
 
 from .values import (
@@ -114,6 +115,10 @@ class Planner:
         # (class, name): what the traced backward read on an incoming gradient as its flatten
         # ctx carries it (See Note [A gradient coerced to the traced metadata])
         self.tangent_ctx_reads: set[tuple[type, str]] = set()
+        # a symbolic value's expression -> where its run-time value is: an input of the
+        # graph or an extra output (See Note [A traced tangent ctx holding a symbolic value])
+        self.symbol_sources: dict[Any, tuple[ValueFrom, int]] = {}
+        self.tangent_symbols: list[tuple[Any, ValueFrom, int]] = []
         # the subclasses the latest pass returned (nested ones too), as dispatch left them:
         # type -> their instance dicts (See Note [Reads on incoming gradients])
         self.made_by_dispatch: dict[type, list[dict]] = {}
@@ -650,6 +655,7 @@ class Planner:
             backward_checks=tuple(self.backward_checks.items()),
             backward_guards=tuple(self.backward_guards),
             entry_reads=tuple(self.entry_reads.values()),
+            tangent_symbols=tuple(self.tangent_symbols),
             guarded=self.record is not None,
         )
 
@@ -1166,6 +1172,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                 extras = planner.plan_pass(leaves, scope, net)
                 if flat_outputs:
                     planner.plan_outputs(leaves, out, extras, {(id(w.tracked.obj), w.name): w for w in net})
+                _note_symbol_sources(planner.symbol_sources, leaves, extras)
                 if planner.passes == 1:
                     planner.n_extra = len(extras)
                 elif len(extras) != planner.n_extra:
@@ -1352,7 +1359,9 @@ def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         set_pending(None)
         try:
             state = args[0] if args else kwargs.get("aot_state")
-            _mark_tangent_metas(getattr(getattr(state, "fw_metadata", None), "subclass_tangent_meta", None), planner.tangent_ctx_reads)
+            metas = getattr(getattr(state, "fw_metadata", None), "subclass_tangent_meta", None)
+            _mark_tangent_metas(metas, planner.tangent_ctx_reads)
+            planner.tangent_symbols = _tangent_symbols(metas, planner.symbol_sources)
             capture_ = args[1] if len(args) > 1 else kwargs.get("aot_graph_capture")
             planner.joint_graph = getattr(getattr(capture_, "graph_module", None), "graph", None)
             compiled, meta = original(*args, **kwargs)
@@ -1413,6 +1422,87 @@ def _mark_tangent_metas(metas: Sequence[Any] | None, reads: set[tuple[type, str]
         todo.extend(attrs.values())
 
 
+def _note_symbol_sources(sources: dict[Any, tuple[ValueFrom, int]], leaves: Sequence[Any], extras: Sequence[Any]) -> None:
+    """Where a pass's symbolic values are found at run time: the graph's symbolic inputs
+    (Dynamo passes an int it made dynamic, ``L_x_elem_ops``, as one) and its extra outputs."""
+    for value_from, values in ((ValueFrom.INPUT, leaves), (ValueFrom.OUTPUT, extras)):
+        for j, v in enumerate(values):
+            if isinstance(v, (torch.SymInt, torch.SymFloat)):
+                sources.setdefault(v.node.expr, (value_from, j))
+
+
+def _tangent_symbols(metas: Sequence[Any] | None, sources: dict[Any, tuple[ValueFrom, int]]) -> list[tuple[Any, ValueFrom, int]]:
+    """Note [A traced tangent ctx holding a symbolic value]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    An output's flatten ctx can hold a symbolic value (a count dispatch copied from an input
+    whose int Dynamo made dynamic): the tangent AOTAutograd traces the backward with holds
+    it too, and what the traced backward read from it is that symbol, which the compiled
+    backward gets with this call's value. Compared with the traced ctx as it stands (the
+    symbol; ``==`` answers with its hint), an incoming gradient holding this call's value
+    would be "coerced" to the first call's. So each symbolic value a marked tangent meta
+    holds is resolved per call: the run-time epilogue puts this call's values on the
+    compiled backward's autograd node (plan.Replay.arm_backward), and
+    ``make_process_tangent_hook`` compares and coerces with the ctx they give. A value not
+    found among the graph's inputs and extra outputs is refused when the backward runs."""
+    needed: dict[Any, tuple[Any, ValueFrom, int]] = {}
+    todo = list(metas or ())
+    while todo:
+        m = todo.pop()
+        attrs = getattr(m, "attrs", None)
+        if not isinstance(attrs, dict):
+            continue
+        todo.extend(attrs.values())
+        if not getattr(m, CTX_READS_ATTR, None):
+            continue
+        for leaf in _symbolic_leaves(m.meta):
+            expr = leaf.node.expr
+            keys = [expr] if expr in sources else sorted(getattr(expr, "free_symbols", ()), key=str)
+            if all(k in sources for k in keys):
+                for k in keys:
+                    needed.setdefault(k, (k, *sources[k]))
+    return list(needed.values())
+
+
+def _symbolic_leaves(value: Any) -> list[Any]:
+    if isinstance(value, SYMBOLIC_TYPES):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [leaf for v in value for leaf in _symbolic_leaves(v)]
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _symbolic_leaves(v)]
+    return []
+
+
+def _runtime_ctx(ctx: Any, values: dict[Any, Any] | None) -> Any:
+    """``ctx`` with each symbolic value replaced by its value in this call; MISSING where
+    one is not known (See Note [A traced tangent ctx holding a symbolic value])."""
+    if isinstance(ctx, (torch.SymInt, torch.SymFloat)):
+        expr = ctx.node.expr
+        if values is None:
+            return MISSING
+        if expr in values:
+            return values[expr]
+        free = getattr(expr, "free_symbols", ())
+        if not free or not all(s in values for s in free):
+            return MISSING
+        got = expr.xreplace({s: values[s] for s in free})
+        try:
+            return int(got) if isinstance(ctx, torch.SymInt) else float(got)
+        except (TypeError, ValueError):
+            return MISSING
+    if isinstance(ctx, torch.SymBool):
+        return MISSING
+    if isinstance(ctx, (list, tuple)) and contains_symbolic(ctx):
+        parts = [_runtime_ctx(v, values) for v in ctx]
+        if any(p is MISSING for p in parts):
+            return MISSING
+        return type(ctx)(parts) if type(ctx) in (list, tuple, torch.Size) else MISSING
+    if isinstance(ctx, dict) and contains_symbolic(ctx):
+        items = {k: _runtime_ctx(v, values) for k, v in ctx.items()}
+        return MISSING if any(v is MISSING for v in items.values()) or type(ctx) is not dict else items
+    return MISSING if contains_symbolic(ctx) else ctx
+
+
 def _meta_class(meta: Any) -> type | None:
     """The subclass a SubclassCreationMeta rebuilds (its instance until make_runtime_safe)."""
     cls = getattr(meta, "original_subclass_type", None)
@@ -1432,6 +1522,18 @@ def make_process_tangent_hook(original: Callable[..., Any]) -> Callable[..., Any
         names = getattr(meta, CTX_READS_ATTR, None)
         if not names or not isinstance(x, torch.Tensor) or isinstance(x, torch._subclasses.fake_tensor.FakeTensor):
             return original(x, meta, *args, **kwargs)
+        if contains_symbolic(meta.meta):
+            node = torch._C._current_autograd_node()
+            ctx = _runtime_ctx(meta.meta, getattr(node, SYMBOL_VALUES_ATTR, None))
+            if ctx is MISSING:
+                raise SubclassWriteError(
+                    RefusalKind.CHANGED_BEFORE_BACKWARD, type(x).__name__, sorted(names)[0], "<flatten ctx>",
+                    f"the traced gradient's flatten ctx {meta.meta!r} holds a value computed while traced, which the "
+                    "compiled backward read, and its value in this call is not known where the incoming gradient "
+                    f"({x.__tensor_flatten__()[1]!r}) is compared with it",
+                )
+            meta = copy.copy(meta)
+            meta.meta = ctx
         if type(x) is _meta_class(meta) and x.__tensor_flatten__()[1] == meta.meta:
             return original(x, meta, *args, **kwargs)  # nothing is coerced
         before = {n: capture.eager_lookup(x, n)[0] for n in sorted(names)}

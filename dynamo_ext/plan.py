@@ -132,6 +132,11 @@ class WritePlan:
     #: Planner._install_backward_guard); installed again when the plan is loaded from cache
     backward_guards: tuple[tuple, ...] = ()
     entry_reads: tuple[EntryRead, ...] = ()
+    #: symbolic values of the trace an incoming gradient's traced ctx holds where the
+    #: traced backward read it, each with where its run-time value is found:
+    #: ((expression, ValueFrom, value), ...) (See Note [A traced tangent ctx holding a
+    #: symbolic value] in aot_layer.py)
+    tangent_symbols: tuple[tuple[Any, "ValueFrom", Any], ...] = ()
     #: Dynamo guards the inputs' state; called directly, the entry state is checked per call.
     guarded: bool = True
 
@@ -142,7 +147,7 @@ class WritePlan:
     @property
     def backward_armed(self) -> bool:
         """Whether each call's compiled backward has something to check or write."""
-        return bool(self.backward_writes or self.backward_decisions or self.backward_checks)
+        return bool(self.backward_writes or self.backward_decisions or self.backward_checks or self.tangent_symbols)
 
     def why_not_cacheable(self) -> str | None:
         """Why another process could not reuse this plan (None: it can)."""
@@ -332,10 +337,10 @@ class Replay:
                 capture.rebind_held(leaf, born)
         self.apply(inputs, extras, born)
         if self.plan.backward_armed:
-            self.arm_backward(inputs, out)
+            self.arm_backward(inputs, out, extras)
         return out
 
-    def arm_backward(self, inputs: Sequence[Any], out: Any) -> None:
+    def arm_backward(self, inputs: Sequence[Any], out: Any, extras: Sequence[Any] = ()) -> None:
         """Check and set the backward's state each time the compiled backward of this call
         runs: before it runs, what it was traced with must still hold (a knob the user set
         between the forward and ``backward()`` raises there, before any gradient is
@@ -398,6 +403,10 @@ class Replay:
             for w, value in zip(writes, values):
                 setattr(w.target(inputs), w.name, value)
 
+        if self.plan.tangent_symbols and "CompiledFunction" in type(node).__name__:
+            # this call's values of them: read where the compiled backward coerces its
+            # incoming gradients (aot_layer.make_process_tangent_hook)
+            setattr(node, SYMBOL_VALUES_ATTR, {expr: _resolve(f, v, inputs, extras) for expr, f, v in self.plan.tangent_symbols})
         if snapshot or decisions:
             node.register_prehook(before_backward)
         if writes:
@@ -417,6 +426,10 @@ class Replay:
         run_with_replay.__wrapped__ = compiled  # type: ignore[attr-defined]
         return run_with_replay
 
+
+#: The attribute of a compiled backward's autograd node holding one call's values of the
+#: plan's ``tangent_symbols``: {expression: value}.
+SYMBOL_VALUES_ATTR = "_dynamo_ext_symbol_values"
 
 _MAX_SHAPES = 1024  # sets of input shapes a graph keeps made objects for (See Note [Objects dispatch makes, per shape])
 

@@ -18,6 +18,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import dynamo_ext
 from dynamo_ext.errors import RefusalKind
+from dynamo_ext.testing import WrapperTensor
 
 aten = torch.ops.aten
 
@@ -375,3 +376,83 @@ def test_a_gradient_coerced_in_what_the_backward_does_not_read(gradient):
     xe = _gradient_run(_sin_times_3, Labelled, gradient)
     xc = _gradient_run(torch.compile(_sin_times_3, backend="aot_eager", fullgraph=True), Labelled, gradient)
     torch.testing.assert_close(xc.grad.elem, xe.grad.elem, rtol=0, atol=0)
+
+
+class Calls(WrapperTensor):
+    """An inner tensor counting its muls in its ctx ``n``; a mul scales its result by the
+    first argument's count, and results take that count: the backward computes with the
+    incoming gradient's ``n``."""
+
+    CTX = ("n",)
+
+    @classmethod
+    def default(cls, name):
+        return 1
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        first = next(a for a in pytree.tree_leaves(args) if isinstance(a, cls))
+        n = first.n
+        out = super().__torch_dispatch__(func, types, args, kwargs)  # results take the count n
+        if func is aten.mul.Tensor:
+            first.n = n + 1
+            out = cls(out.elem * n, n=n)
+        return out
+
+
+class Holder(WrapperTensor):
+    """The outer wrapper: no ctx of its own, results hold the inner results."""
+
+
+def _square(x):
+    return x * x
+
+
+def _calls_run(fn, calls, relabel_at=None):
+    x = Holder(Calls(torch.tensor([0.5, 1.0, 2.0])), requires_grad=True)
+    grads, states = [], []
+    for call in range(calls):
+        out = fn(x)
+        if call == relabel_at:
+            out.elem.n = 7  # the gradient made from the output below holds 7
+        out.sum().backward()
+        grads.append(x.grad.elem.elem.clone())
+        states.append((x.elem.n, out.elem.n))
+        x.grad = None
+    return grads, states
+
+
+def test_a_gradient_holding_the_count_the_output_got_this_call():
+    """The output's count is the input's, which Dynamo makes dynamic once it changed: the
+    traced tangent's ctx holds that symbol, and the compiled backward computes with this
+    call's value of it, as eager's backward does with the gradient's (made from the
+    output). Compared with the symbol's first value, the gradient was "coerced" and
+    refused at the third call's backward() (a long fuzz finding); now each call's value is
+    the one compared (See Note [A traced tangent ctx holding a symbolic value])."""
+    expected = _calls_run(_square, 4)
+    counter = CompileCounterWithBackend("aot_eager")
+    got = _calls_run(torch.compile(_square, backend=counter, fullgraph=True), 4)
+    for e, c in zip(expected[0], got[0]):
+        torch.testing.assert_close(c, e, rtol=0, atol=0)
+    assert got[1] == expected[1]
+    assert counter.frame_count == 2  # the first count, then the count as a dynamic int
+
+
+def test_a_gradient_whose_count_the_user_changed_after_the_forward_is_refused():
+    """The user sets the output's count before making the loss from it: eager's backward
+    scales by 7, the compiled one was traced to scale by the forward's count. Refused when
+    backward() runs, before x.grad is accumulated."""
+    expected = _calls_run(_square, 3, relabel_at=2)
+    compiled = torch.compile(_square, backend="aot_eager", fullgraph=True)
+    x = Holder(Calls(torch.tensor([0.5, 1.0, 2.0])), requires_grad=True)
+    for call in range(3):
+        out = compiled(x)
+        if call < 2:
+            out.sum().backward()
+            x.grad = None
+            continue
+        out.elem.n = 7
+        with pytest.raises(dynamo_ext.SubclassWriteError) as info:
+            out.sum().backward()
+        assert info.value.kind is RefusalKind.CHANGED_BEFORE_BACKWARD and x.grad is None
+    assert expected[1][2][0] == x.elem.n
