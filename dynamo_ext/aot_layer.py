@@ -50,7 +50,7 @@ import torch.utils._pytree as pytree
 from . import capture, config, counters, free_state, guards, handoff
 from .capture import Scope, Tracked, Write
 from .errors import RefusalKind, SubclassWriteError
-from .plan import SYMBOL_VALUES_ATTR, EntryRead, PlannedWrite, ReadKind, Replay, ValueFrom, WritePlan
+from .plan import SYMBOL_VALUES_ATTR, EntryRead, resolve_symbolic, PlannedWrite, ReadKind, Replay, ValueFrom, WritePlan
 _NOT_WRITTEN: Any = object()  # Planner.answer_backward: a name the forward did not write
 
 from .values import (
@@ -118,7 +118,10 @@ class Planner:
         # a symbolic value's expression -> where its run-time value is: an input of the
         # graph or an extra output (See Note [A traced tangent ctx holding a symbolic value])
         self.symbol_sources: dict[Any, tuple[ValueFrom, int]] = {}
-        self.tangent_symbols: list[tuple[Any, ValueFrom, int]] = []
+        # expression -> (expression, ValueFrom, where): the symbols whose value in each call
+        # the compiled backward needs (See WritePlan.call_symbols)
+        self.call_symbols: dict[Any, tuple[Any, ValueFrom, int]] = {}
+        self.rebuild_gradients = False  # See Note [A gradient's ctx made from sizes or counts]
         # the subclasses the latest pass returned (nested ones too), as dispatch left them:
         # type -> their instance dicts (See Note [Reads on incoming gradients])
         self.made_by_dispatch: dict[type, list[dict]] = {}
@@ -655,7 +658,8 @@ class Planner:
             backward_checks=tuple(self.backward_checks.items()),
             backward_guards=tuple(self.backward_guards),
             entry_reads=tuple(self.entry_reads.values()),
-            tangent_symbols=tuple(self.tangent_symbols),
+            call_symbols=tuple(self.call_symbols.values()),
+            rebuild_gradients=self.rebuild_gradients,
             guarded=self.record is not None,
         )
 
@@ -841,25 +845,36 @@ def _track_tree(scope: Scope, obj: Any, real: Any, where: _Where) -> None:
             scope.track(inner, inner_real, inner_where, plain_inner=True)
 
 
-def _refuse_symbolic_gradient_ctx(joint_out: Any) -> None:
+def _plan_symbolic_gradient_ctx(planner: Planner, joint_out: Any) -> None:
     """Note [A gradient's ctx made from sizes or counts]
-    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     The compiled backward rebuilds each gradient that is a subclass from the flatten ctx
     it traced: a symbolic value there (a row count, a counter dispatch copied from an input
-    under dynamic shapes) is baked at the trace's hint, so later calls' gradients would hold
-    a stale value where eager's backward computes it again. Refused (no run-time epilogue
-    sets a gradient's state); torch's own subclasses (DTensor's shapes in its spec) are
+    under dynamic shapes), at any nesting level, would be a SymInt of the trace on the
+    caller's ``x.grad``, or the trace's hint, where eager's backward computes it again.
+    Where each such value is an expression over symbols found among the graph's inputs and
+    extra outputs, the compiled backward's node rebuilds those gradients after it ran with
+    this call's values of them (``plan.Replay.arm_backward``), before they are accumulated;
+    otherwise it is refused. torch's own subclasses (DTensor's shapes in its spec) are
     torch's business."""
     final = joint_out[0] if isinstance(joint_out[0], tuple) and len(joint_out[0]) == 2 else joint_out
-    for grad in pytree.tree_leaves(final[1]):
-        if _is_subclass(grad) and free_state.is_user_class(type(grad)):
-            ctx = grad.__tensor_flatten__()[1]
-            if contains_symbolic(ctx):
-                raise SubclassWriteError(
-                    RefusalKind.WRITE_IN_BACKWARD, type(grad).__name__, "<flatten ctx>", type(ctx).__name__,
-                    f"a gradient's flatten ctx holds a value computed from sizes or a count ({ctx!r}, symbolic "
-                    "while traced): the compiled backward would rebuild every gradient with the traced one",
-                )
+    todo = [g for g in pytree.tree_leaves(final[1]) if _is_subclass(g)]
+    while todo:
+        grad = todo.pop()
+        if not free_state.is_user_class(type(grad)):
+            continue
+        names, ctx = grad.__tensor_flatten__()
+        todo.extend(t for t in (getattr(grad, n, None) for n in names) if _is_subclass(t))
+        if not contains_symbolic(ctx):
+            continue
+        if not _note_symbols(ctx, planner.symbol_sources, planner.call_symbols):
+            raise SubclassWriteError(
+                RefusalKind.WRITE_IN_BACKWARD, type(grad).__name__, "<flatten ctx>", type(ctx).__name__,
+                f"a gradient's flatten ctx holds a value computed from sizes or a count ({ctx!r}, symbolic "
+                "while traced) whose value in each call is not among the graph's inputs or outputs: the "
+                "compiled backward would rebuild every gradient with the traced one",
+            )
+        planner.rebuild_gradients = True
 
 
 def _same_symbol(a: Any, b: Any) -> bool:
@@ -1361,7 +1376,7 @@ def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             state = args[0] if args else kwargs.get("aot_state")
             metas = getattr(getattr(state, "fw_metadata", None), "subclass_tangent_meta", None)
             _mark_tangent_metas(metas, planner.tangent_ctx_reads)
-            planner.tangent_symbols = _tangent_symbols(metas, planner.symbol_sources)
+            _note_tangent_symbols(metas, planner.symbol_sources, planner.call_symbols)
             capture_ = args[1] if len(args) > 1 else kwargs.get("aot_graph_capture")
             planner.joint_graph = getattr(getattr(capture_, "graph_module", None), "graph", None)
             compiled, meta = original(*args, **kwargs)
@@ -1424,14 +1439,22 @@ def _mark_tangent_metas(metas: Sequence[Any] | None, reads: set[tuple[type, str]
 
 def _note_symbol_sources(sources: dict[Any, tuple[ValueFrom, int]], leaves: Sequence[Any], extras: Sequence[Any]) -> None:
     """Where a pass's symbolic values are found at run time: the graph's symbolic inputs
-    (Dynamo passes an int it made dynamic, ``L_x_elem_ops``, as one) and its extra outputs."""
+    (Dynamo passes an int it made dynamic, ``L_x_elem_ops``, as one), its extra outputs, and
+    its inputs' symbolic sizes."""
     for value_from, values in ((ValueFrom.INPUT, leaves), (ValueFrom.OUTPUT, extras)):
         for j, v in enumerate(values):
             if isinstance(v, (torch.SymInt, torch.SymFloat)):
                 sources.setdefault(v.node.expr, (value_from, j))
+    for j, v in enumerate(leaves):  # an input's symbolic size (AOTAutograd called directly)
+        if isinstance(v, torch.Tensor):
+            for d, n in enumerate(v.shape):
+                if isinstance(n, torch.SymInt) and getattr(n.node.expr, "is_Symbol", False):
+                    sources.setdefault(n.node.expr, (ValueFrom.SIZE, (j, d)))
 
 
-def _tangent_symbols(metas: Sequence[Any] | None, sources: dict[Any, tuple[ValueFrom, int]]) -> list[tuple[Any, ValueFrom, int]]:
+def _note_tangent_symbols(
+    metas: Sequence[Any] | None, sources: dict[Any, tuple[ValueFrom, int]], needed: dict[Any, tuple[Any, ValueFrom, int]]
+) -> None:
     """Note [A traced tangent ctx holding a symbolic value]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     An output's flatten ctx can hold a symbolic value (a count dispatch copied from an input
@@ -1444,7 +1467,6 @@ def _tangent_symbols(metas: Sequence[Any] | None, sources: dict[Any, tuple[Value
     compiled backward's autograd node (plan.Replay.arm_backward), and
     ``make_process_tangent_hook`` compares and coerces with the ctx they give. A value not
     found among the graph's inputs and extra outputs is refused when the backward runs."""
-    needed: dict[Any, tuple[Any, ValueFrom, int]] = {}
     todo = list(metas or ())
     while todo:
         m = todo.pop()
@@ -1454,13 +1476,29 @@ def _tangent_symbols(metas: Sequence[Any] | None, sources: dict[Any, tuple[Value
         todo.extend(attrs.values())
         if not getattr(m, CTX_READS_ATTR, None):
             continue
-        for leaf in _symbolic_leaves(m.meta):
-            expr = leaf.node.expr
-            keys = [expr] if expr in sources else sorted(getattr(expr, "free_symbols", ()), key=str)
-            if all(k in sources for k in keys):
-                for k in keys:
-                    needed.setdefault(k, (k, *sources[k]))
-    return list(needed.values())
+        _note_symbols(m.meta, sources, needed)
+
+
+def _note_symbols(value: Any, sources: dict[Any, tuple[ValueFrom, int]], needed: dict[Any, tuple[Any, ValueFrom, int]]) -> bool:
+    """Note in ``needed`` how to find the run-time value of each symbolic value ``value``
+    holds; False where one cannot be found (a symbol neither a graph input nor an extra
+    output, a SymBool, a symbolic value in a container this does not rebuild)."""
+    leaves = _symbolic_leaves(value)
+    if contains_symbolic(value) and not leaves:
+        return False
+    found = True
+    for leaf in leaves:
+        if isinstance(leaf, torch.SymBool):
+            found = False
+            continue
+        expr = leaf.node.expr
+        keys = [expr] if expr in sources else sorted(getattr(expr, "free_symbols", ()), key=str)
+        if keys and all(k in sources for k in keys):
+            for k in keys:
+                needed.setdefault(k, (k, *sources[k]))
+        else:
+            found = False
+    return found
 
 
 def _symbolic_leaves(value: Any) -> list[Any]:
@@ -1471,36 +1509,6 @@ def _symbolic_leaves(value: Any) -> list[Any]:
     if isinstance(value, dict):
         return [leaf for v in value.values() for leaf in _symbolic_leaves(v)]
     return []
-
-
-def _runtime_ctx(ctx: Any, values: dict[Any, Any] | None) -> Any:
-    """``ctx`` with each symbolic value replaced by its value in this call; MISSING where
-    one is not known (See Note [A traced tangent ctx holding a symbolic value])."""
-    if isinstance(ctx, (torch.SymInt, torch.SymFloat)):
-        expr = ctx.node.expr
-        if values is None:
-            return MISSING
-        if expr in values:
-            return values[expr]
-        free = getattr(expr, "free_symbols", ())
-        if not free or not all(s in values for s in free):
-            return MISSING
-        got = expr.xreplace({s: values[s] for s in free})
-        try:
-            return int(got) if isinstance(ctx, torch.SymInt) else float(got)
-        except (TypeError, ValueError):
-            return MISSING
-    if isinstance(ctx, torch.SymBool):
-        return MISSING
-    if isinstance(ctx, (list, tuple)) and contains_symbolic(ctx):
-        parts = [_runtime_ctx(v, values) for v in ctx]
-        if any(p is MISSING for p in parts):
-            return MISSING
-        return type(ctx)(parts) if type(ctx) in (list, tuple, torch.Size) else MISSING
-    if isinstance(ctx, dict) and contains_symbolic(ctx):
-        items = {k: _runtime_ctx(v, values) for k, v in ctx.items()}
-        return MISSING if any(v is MISSING for v in items.values()) or type(ctx) is not dict else items
-    return MISSING if contains_symbolic(ctx) else ctx
 
 
 def _meta_class(meta: Any) -> type | None:
@@ -1524,7 +1532,7 @@ def make_process_tangent_hook(original: Callable[..., Any]) -> Callable[..., Any
             return original(x, meta, *args, **kwargs)
         if contains_symbolic(meta.meta):
             node = torch._C._current_autograd_node()
-            ctx = _runtime_ctx(meta.meta, getattr(node, SYMBOL_VALUES_ATTR, None))
+            ctx = resolve_symbolic(meta.meta, getattr(node, SYMBOL_VALUES_ATTR, None))
             if ctx is MISSING:
                 raise SubclassWriteError(
                     RefusalKind.CHANGED_BEFORE_BACKWARD, type(x).__name__, sorted(names)[0], "<flatten ctx>",
@@ -1684,7 +1692,7 @@ def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                         f"{changes[0].module}.{changes[0].name}", changes[0].what,
                         context="in the backward: " + ", ".join(f"{c.module}.{c.name} ({c.what})" for c in changes),
                     )
-                _refuse_symbolic_gradient_ctx(out)
+                _plan_symbolic_gradient_ctx(planner, out)
                 return out
             finally:
                 planner.in_joint = False

@@ -129,15 +129,16 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         Refusal(
             RefusalKind.WRITE_IN_BACKWARD,
             "A write made in the backward that cannot be replayed when the compiled backward runs "
-            "(a count or size in a gradient's ctx).",
+            "(a gradient's ctx value unknown at run time).",
             "dynamo_ext replays a backward write when the compiled backward runs if its value is a "
             "constant or an int computed from the state the backward read, and the forward does "
             "not write the same attribute; this one is not such a write.",
             (
                 "Record a constant or count in the backward, in an attribute the forward leaves alone.",
                 "Or make the write on the gradient instead of the saved input.",
-                "A gradient's flatten ctx is rebuilt as traced: keep counts and sizes out of the ctx "
-                "that dispatch gives the tensors the backward returns.",
+                "A gradient's flatten ctx is rebuilt as traced, its sizes and counts with each call's "
+                "values: keep other values computed while traced out of the ctx that dispatch gives "
+                "the tensors the backward returns.",
             ),
             "AOTAutograd",
         ),

@@ -23,10 +23,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import capture, counters
 from .errors import RefusalKind, SubclassWriteError
-from .values import HELD_TENSOR, MISSING, ValueKind, classify, same_value
+from .values import HELD_TENSOR, MISSING, ValueKind, classify, contains_symbolic, same_value
 
 
 class ValueFrom(enum.Enum):
@@ -37,6 +38,7 @@ class ValueFrom(enum.Enum):
     COUNTED = "counted"  # value: an expression over attributes read (counters.py), computed at run time
     SIBLING = "sibling"  # value: the name of another attribute of the same (output) object
     PACKED = "packed"  # value: (tuple type, ((ValueFrom, value), ...)): a torch.Size or tuple of symbolic ints
+    SIZE = "size"  # value: (input position, dim): that input's size there
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,11 +134,15 @@ class WritePlan:
     #: Planner._install_backward_guard); installed again when the plan is loaded from cache
     backward_guards: tuple[tuple, ...] = ()
     entry_reads: tuple[EntryRead, ...] = ()
-    #: symbolic values of the trace an incoming gradient's traced ctx holds where the
-    #: traced backward read it, each with where its run-time value is found:
-    #: ((expression, ValueFrom, value), ...) (See Note [A traced tangent ctx holding a
-    #: symbolic value] in aot_layer.py)
-    tangent_symbols: tuple[tuple[Any, "ValueFrom", Any], ...] = ()
+    #: symbols of the trace whose value in each call the compiled backward needs, each with
+    #: where its run-time value is found: ((expression, ValueFrom, value), ...). Held by an
+    #: incoming gradient's traced ctx the backward read (See Note [A traced tangent ctx
+    #: holding a symbolic value] in aot_layer.py) or by a gradient's traced ctx (See Note
+    #: [A gradient's ctx made from sizes or counts]).
+    call_symbols: tuple[tuple[Any, "ValueFrom", Any], ...] = ()
+    #: the compiled backward's subclass gradients holding a symbolic ctx are rebuilt with
+    #: this call's values of it
+    rebuild_gradients: bool = False
     #: Dynamo guards the inputs' state; called directly, the entry state is checked per call.
     guarded: bool = True
 
@@ -147,7 +153,7 @@ class WritePlan:
     @property
     def backward_armed(self) -> bool:
         """Whether each call's compiled backward has something to check or write."""
-        return bool(self.backward_writes or self.backward_decisions or self.backward_checks or self.tangent_symbols)
+        return bool(self.backward_writes or self.backward_decisions or self.backward_checks or self.call_symbols)
 
     def why_not_cacheable(self) -> str | None:
         """Why another process could not reuse this plan (None: it can)."""
@@ -235,6 +241,8 @@ def _resolve(value_from: ValueFrom, value: Any, inputs: Sequence[Any], extras: S
         return inputs[value]
     if value_from is ValueFrom.INNER:
         return getattr(capture.follow(inputs[value[0]], value[1]), value[2])
+    if value_from is ValueFrom.SIZE:
+        return inputs[value[0]].shape[value[1]]
     if value_from is ValueFrom.PACKED:
         kind, parts = value
         items = [_resolve(f, v, inputs, extras) for f, v in parts]
@@ -403,10 +411,17 @@ class Replay:
             for w, value in zip(writes, values):
                 setattr(w.target(inputs), w.name, value)
 
-        if self.plan.tangent_symbols and "CompiledFunction" in type(node).__name__:
+        if self.plan.call_symbols and "CompiledFunction" in type(node).__name__:
             # this call's values of them: read where the compiled backward coerces its
-            # incoming gradients (aot_layer.make_process_tangent_hook)
-            setattr(node, SYMBOL_VALUES_ATTR, {expr: _resolve(f, v, inputs, extras) for expr, f, v in self.plan.tangent_symbols})
+            # incoming gradients (aot_layer.make_process_tangent_hook) and below
+            symbols = {expr: _resolve(f, v, inputs, extras) for expr, f, v in self.plan.call_symbols}
+            setattr(node, SYMBOL_VALUES_ATTR, symbols)
+            if self.plan.rebuild_gradients:
+
+                def with_call_values(grad_inputs: Any, grad_outputs: Any) -> Any:
+                    return tuple(_rebuilt_with(g, symbols) for g in grad_inputs)
+
+                node.register_hook(with_call_values)
         if snapshot or decisions:
             node.register_prehook(before_backward)
         if writes:
@@ -428,8 +443,57 @@ class Replay:
 
 
 #: The attribute of a compiled backward's autograd node holding one call's values of the
-#: plan's ``tangent_symbols``: {expression: value}.
+#: plan's ``call_symbols``: {expression: value}.
 SYMBOL_VALUES_ATTR = "_dynamo_ext_symbol_values"
+
+
+def resolve_symbolic(ctx: Any, values: dict[Any, Any] | None) -> Any:
+    """``ctx`` with each symbolic value replaced by its value in this call (``values``:
+    {expression: value}); MISSING where one is not known."""
+    if isinstance(ctx, (torch.SymInt, torch.SymFloat)):
+        expr = ctx.node.expr
+        if values is None:
+            return MISSING
+        if expr in values:
+            return values[expr]
+        free = getattr(expr, "free_symbols", ())
+        if not free or not all(s in values for s in free):
+            return MISSING
+        got = expr.xreplace({s: values[s] for s in free})
+        try:
+            return int(got) if isinstance(ctx, torch.SymInt) else float(got)
+        except (TypeError, ValueError):
+            return MISSING
+    if not contains_symbolic(ctx):
+        return ctx
+    if type(ctx) in (list, tuple, torch.Size):
+        parts = [resolve_symbolic(v, values) for v in ctx]
+        return MISSING if any(p is MISSING for p in parts) else type(ctx)(parts)
+    if type(ctx) is dict:
+        items = {k: resolve_symbolic(v, values) for k, v in ctx.items()}
+        return MISSING if any(v is MISSING for v in items.values()) else items
+    return MISSING  # a SymBool, a symbolic value in another container
+
+
+def _rebuilt_with(grad: Any, values: dict[Any, Any]) -> Any:
+    """A gradient the compiled backward built from the ctx it traced, rebuilt (it and the
+    subclasses nested in it) with this call's values of the symbolic values that ctx holds
+    (See Note [A gradient's ctx made from sizes or counts] in aot_layer.py)."""
+    if not is_traceable_wrapper_subclass(grad):
+        return grad
+    names, ctx = grad.__tensor_flatten__()
+    inner = {n: getattr(grad, n) for n in names}
+    rebuilt = {n: _rebuilt_with(t, values) for n, t in inner.items()}
+    if not contains_symbolic(ctx) and all(rebuilt[n] is inner[n] for n in names):
+        return grad
+    now = resolve_symbolic(ctx, values)
+    if now is MISSING:
+        raise SubclassWriteError(
+            RefusalKind.WRITE_IN_BACKWARD, type(grad).__name__, "<flatten ctx>", type(ctx).__name__,
+            context=f"the gradient's flatten ctx {ctx!r} holds a value computed while traced whose value in this "
+            "call is not known",
+        )
+    return type(grad).__tensor_unflatten__(rebuilt, now, grad.size(), grad.stride())
 
 _MAX_SHAPES = 1024  # sets of input shapes a graph keeps made objects for (See Note [Objects dispatch makes, per shape])
 

@@ -943,9 +943,15 @@ def gradient_ctx_refusal_justified(exc: BaseException, program: Program, e_in: S
     if not program.requires_grad:
         return False
     _backward(e_out)
-    return any(
-        is_traceable_wrapper_subclass(x.grad) and _holds_int(x.grad.__tensor_flatten__()[1]) for x in e_in
-    )
+    return any(any(_holds_int(ctx) for ctx in _ctx_tree(x.grad)) for x in e_in)
+
+
+def _ctx_tree(t: Any) -> list[Any]:
+    """The flatten ctx of a subclass and of the subclasses nested in it."""
+    if not is_traceable_wrapper_subclass(t):
+        return []
+    names, ctx = t.__tensor_flatten__()
+    return [ctx] + [c for n in names for c in _ctx_tree(getattr(t, n))]
 
 
 def _holds_symbolic(v: Any) -> bool:
@@ -1173,8 +1179,8 @@ def _run_case(spec: Spec, program: Program, backend: str) -> None:
                         # what AOTAutograd's compiled backward builds from the metadata it traced
                         # for incoming gradients, as in stock (README, Limits); other attributes
                         # written on gradients are eager's temporaries.
-                        c_ctx = c.grad.__tensor_flatten__()[1]
-                        assert not _holds_symbolic(c_ctx), f"{where}: input {i} grad ctx {c_ctx!r} holds a trace's value"
+                        for c_ctx in _ctx_tree(c.grad):
+                            assert not _holds_symbolic(c_ctx), f"{where}: input {i} grad ctx {c_ctx!r} holds a trace's value"
                 e.grad = c.grad = None
         for i, (e, c) in enumerate(zip(e_in, c_in)):
             assert not leaked_fakes(c), f"{where}: trace-time tensors leaked into input {i}: {leaked_fakes(c)}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 from torch.utils._pytree import tree_map_only
 
 import dynamo_ext
@@ -404,29 +405,73 @@ def _sin(x):
 @pytest.mark.parametrize("fullgraph", [True, False])
 def test_a_gradient_whose_ctx_is_made_from_a_count(fullgraph):
     """The backward's ``cos(x)`` copies x's row count into the gradient's ctx. Once the count is
-    symbolic (its first change recompiles with it dynamic), the compiled backward would
-    rebuild every gradient with the traced count (0, 3, 3 where eager has 0, 3, 6): refused
-    (write_in_backward) at that compile, the inputs untouched; without fullgraph the frame
-    runs eagerly and matches."""
+    symbolic (its first change recompiles with it dynamic), the compiled backward rebuilt
+    every gradient with the traced count (0, 3, 3 where eager has 0, 3, 6); it was refused
+    (write_in_backward). The count is a graph input: each call's gradient is rebuilt with
+    this call's value of it (See Note [A gradient's ctx made from sizes or counts])."""
     torch._dynamo.reset()
-    compiled = torch.compile(_sin, backend="aot_eager", fullgraph=fullgraph, dynamic=True)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(_sin, backend=counter, fullgraph=fullgraph, dynamic=True)
     xe = CountsRowsInCtx(torch.linspace(0.5, 2.0, 6).reshape(3, 2), requires_grad=True)
     xc = CountsRowsInCtx(torch.linspace(0.5, 2.0, 6).reshape(3, 2), requires_grad=True)
     for call in range(4):
         _sin(xe).sum().backward()
-        try:
-            out = compiled(xc)
-        except Exception as exc:
-            assert fullgraph and call == 1, f"call {call + 1}: {exc!r}"
-            assert "dynamo_ext: write_in_backward" in str(exc) and "gradient's flatten ctx" in str(exc)
-            assert xc.rows == 3 and xc.grad is None  # as the first call left them
-            return
-        out.sum().backward()
+        compiled(xc).sum().backward()
         assert type(xc.grad) is CountsRowsInCtx and type(xc.grad.rows) is int
         assert (xc.rows, xc.grad.rows) == (xe.rows, xe.grad.rows), f"call {call + 1}"
         torch.testing.assert_close(xc.grad.elem, xe.grad.elem)
         xe.grad = xc.grad = None
-    assert not fullgraph
+    assert counter.frame_count == 2  # the first count, then the count as a dynamic int
+
+
+class RowsFromNumel(CountsRowsInCtx):
+    """Results' ctx counts the elements of the op's first argument, plus one: the gradient
+    the backward's ``mul`` makes holds the input's element count."""
+
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        return type(self)(self.elem, expected_metadata[0])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        first = next(a for a in args if isinstance(a, cls))
+        out = func(*tree_map_only(cls, lambda t: t.elem, args), **tree_map_only(cls, lambda t: t.elem, kwargs or {}))
+        return tree_map_only(torch.Tensor, lambda t: cls(t, first.elem.numel() + 1), out)
+
+
+def test_a_gradient_ctx_made_from_a_size_under_aot_function():
+    """Called directly with dynamic shapes, AOTAutograd gets the row count only as the
+    input's symbolic size: the gradient is rebuilt with each call's size, as eager's
+    backward computes it (it was refused)."""
+    from functorch.compile import aot_function, nop
+
+    compiled = aot_function(_sin, fw_compiler=nop, dynamic=True)
+    for rows in (3, 5, 2):
+        xe, xc = (RowsFromNumel(torch.linspace(0.5, 2.0, 2 * rows).reshape(rows, 2), requires_grad=True) for _ in range(2))
+        torch._dynamo.mark_dynamic(xc, 0)
+        _sin(xe).sum().backward()
+        compiled(xc).sum().backward()
+        assert type(xc.grad.rows) is int and xc.grad.rows == xe.grad.rows == 2 * rows + 1
+        torch.testing.assert_close(xc.grad.elem, xe.grad.elem)
+
+
+def test_a_gradient_ctx_symbol_with_no_run_time_value_is_refused():
+    """A gradient's ctx holding a symbol found neither among the graph's inputs, their
+    sizes nor its extra outputs (an unbacked one, here) is refused at compile time; one
+    that is found marks the gradients to be rebuilt."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from dynamo_ext import aot_layer
+
+    env = ShapeEnv()
+    unbacked = env.create_unbacked_symint()
+    grad = CountsRowsInCtx(torch.ones(2, 2), rows=unbacked + 1)
+    planner = aot_layer.Planner([], None, True)
+    with pytest.raises(SubclassWriteError) as info:
+        aot_layer._plan_symbolic_gradient_ctx(planner, ((torch.ones(2),), (grad,)))
+    assert info.value.kind is RefusalKind.WRITE_IN_BACKWARD and not planner.rebuild_gradients
+    planner.symbol_sources[unbacked.node.expr] = (aot_layer.ValueFrom.INPUT, 0)
+    aot_layer._plan_symbolic_gradient_ctx(planner, ((torch.ones(2),), (grad,)))
+    assert planner.rebuild_gradients and list(planner.call_symbols) == [unbacked.node.expr]
 
 
 class ScalesByUserTensor(Weight):

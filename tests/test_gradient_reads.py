@@ -417,7 +417,9 @@ def _calls_run(fn, calls, relabel_at=None):
             out.elem.n = 7  # the gradient made from the output below holds 7
         out.sum().backward()
         grads.append(x.grad.elem.elem.clone())
-        states.append((x.elem.n, out.elem.n))
+        # the gradient's inner count: made from the incoming gradient's in the backward (an
+        # int, never a symbol of the trace: See Note [A gradient's ctx made from sizes or counts])
+        states.append((x.elem.n, out.elem.n, type(x.grad.elem.n), x.grad.elem.n))
         x.grad = None
     return grads, states
 

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import pytest
 from torch.utils._pytree import tree_map_only
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 
 import dynamo_ext
 import subclasses as S
@@ -160,27 +161,29 @@ def _mul3_sum(x):
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 @pytest.mark.parametrize("cls", [S.CounterTensor, S.CachingTensor, S.CallCounter])
 def test_requires_grad_forward_writes_and_grads(cls, backend):
-    fullgraph = not (cls is S.CounterTensor and backend == "aot_eager")  # refused: the test below
     differential(
         _mul3_sum, lambda: [cls(torch.arange(4.0) + 1, requires_grad=True)], backend=backend, calls=3, backward=True,
-        fullgraph=fullgraph,
     )
 
 
-def test_a_gradient_carrying_the_counter_in_its_ctx_is_refused_at_the_recompile():
+def test_a_gradient_carrying_the_counter_in_its_ctx():
     """CounterTensor's outputs carry its ctx, the backward's gradients too: once the tag is a
-    symbolic input (its first change recompiles), the compiled backward would rebuild every
-    gradient with the traced tag (stock leaves a SymInt there). The recompile is refused,
-    the input untouched; ``fullgraph=False`` runs the frame eagerly (the test above)."""
+    symbolic input (its first change recompiles), the compiled backward rebuilt every
+    gradient with the traced tag (stock leaves a SymInt there), and the recompile was
+    refused. The gradients are rebuilt with each call's tag now (See Note [A gradient's ctx
+    made from sizes or counts])."""
     torch._dynamo.reset()
-    compiled = torch.compile(_mul3_sum, backend="aot_eager", fullgraph=True)
-    x = S.CounterTensor(torch.arange(4.0) + 1, requires_grad=True)
-    compiled(x).backward()
-    assert (x.tag, x.grad.tag) == (1, 4)
-    x.grad = None
-    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="dynamo_ext: write_in_backward"):
-        compiled(x)
-    assert x.tag == 1 and x.grad is None
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(_mul3_sum, backend=counter, fullgraph=True)
+    xe = S.CounterTensor(torch.arange(4.0) + 1, requires_grad=True)
+    xc = S.CounterTensor(torch.arange(4.0) + 1, requires_grad=True)
+    for call in range(4):
+        _mul3_sum(xe).backward()
+        compiled(xc).backward()
+        assert type(xc.grad.tag) is int and (xc.tag, xc.grad.tag) == (xe.tag, xe.grad.tag), f"call {call + 1}"
+        torch.testing.assert_close(xc.grad.elem, xe.grad.elem)
+        xe.grad = xc.grad = None
+    assert (xc.tag, counter.frame_count) == (4, 2)
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
