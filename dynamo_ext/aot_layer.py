@@ -852,10 +852,15 @@ def _plan_symbolic_gradient_ctx(planner: Planner, joint_out: Any) -> None:
     it traced: a symbolic value there (a row count, a counter dispatch copied from an input
     under dynamic shapes), at any nesting level, would be a SymInt of the trace on the
     caller's ``x.grad``, or the trace's hint, where eager's backward computes it again.
-    Where each such value is an expression over symbols found among the graph's inputs and
-    extra outputs, the compiled backward's node rebuilds those gradients after it ran with
-    this call's values of them (``plan.Replay.arm_backward``), before they are accumulated;
-    otherwise it is refused. torch's own subclasses (DTensor's shapes in its spec) are
+    A counted int there (the traced backward read an input's ``tag`` and passed it on: See
+    counters.py) would be the trace's ``CountedInt``, its value the traced one where eager's
+    backward reads the input as it is then. Where each symbolic value is an expression over
+    symbols found among the graph's inputs, their sizes and its extra outputs, the compiled
+    backward's node rebuilds those gradients after it ran with this call's values
+    (``plan.Replay.arm_backward``), before they are accumulated; otherwise it is refused. A
+    counted value is evaluated there before the backward's own writes are replayed: its
+    expression is over the state the backward began with, as a read after a write in the
+    traced backward answers with the write's expression. torch's own subclasses (DTensor's shapes in its spec) are
     torch's business."""
     final = joint_out[0] if isinstance(joint_out[0], tuple) and len(joint_out[0]) == 2 else joint_out
     todo = [g for g in pytree.tree_leaves(final[1]) if _is_subclass(g)]
@@ -865,9 +870,10 @@ def _plan_symbolic_gradient_ctx(planner: Planner, joint_out: Any) -> None:
             continue
         names, ctx = grad.__tensor_flatten__()
         todo.extend(t for t in (getattr(grad, n, None) for n in names) if _is_subclass(t))
-        if not contains_symbolic(ctx):
+        symbolic, counted = contains_symbolic(ctx), counters.holds_counted(ctx)
+        if not (symbolic or counted):
             continue
-        if not _note_symbols(ctx, planner.symbol_sources, planner.call_symbols):
+        if not _rebuildable(ctx) or (symbolic and not _note_symbols(ctx, planner.symbol_sources, planner.call_symbols)):
             raise SubclassWriteError(
                 RefusalKind.WRITE_IN_BACKWARD, type(grad).__name__, "<flatten ctx>", type(ctx).__name__,
                 f"a gradient's flatten ctx holds a value computed from sizes or a count ({ctx!r}, symbolic "
@@ -875,6 +881,20 @@ def _plan_symbolic_gradient_ctx(planner: Planner, joint_out: Any) -> None:
                 "compiled backward would rebuild every gradient with the traced one",
             )
         planner.rebuild_gradients = True
+
+
+def _rebuildable(ctx: Any) -> bool:
+    """Every symbolic or counted value in ``ctx`` sits in tuples, lists and dicts that
+    ``plan.resolve_symbolic`` rebuilds."""
+    if isinstance(ctx, (torch.SymInt, torch.SymFloat, counters.CountedInt)):
+        return True
+    if not (contains_symbolic(ctx) or counters.holds_counted(ctx)):
+        return True
+    if type(ctx) in (list, tuple, torch.Size):
+        return all(_rebuildable(v) for v in ctx)
+    if type(ctx) is dict:
+        return all(_rebuildable(v) for v in ctx.values())
+    return False
 
 
 def _same_symbol(a: Any, b: Any) -> bool:

@@ -153,7 +153,7 @@ class WritePlan:
     @property
     def backward_armed(self) -> bool:
         """Whether each call's compiled backward has something to check or write."""
-        return bool(self.backward_writes or self.backward_decisions or self.backward_checks or self.call_symbols)
+        return bool(self.backward_writes or self.backward_decisions or self.backward_checks or self.call_symbols or self.rebuild_gradients)
 
     def why_not_cacheable(self) -> str | None:
         """Why another process could not reuse this plan (None: it can)."""
@@ -411,7 +411,7 @@ class Replay:
             for w, value in zip(writes, values):
                 setattr(w.target(inputs), w.name, value)
 
-        if self.plan.call_symbols and "CompiledFunction" in type(node).__name__:
+        if (self.plan.call_symbols or self.plan.rebuild_gradients) and "CompiledFunction" in type(node).__name__:
             # this call's values of them: read where the compiled backward coerces its
             # incoming gradients (aot_layer.make_process_tangent_hook) and below
             symbols = {expr: _resolve(f, v, inputs, extras) for expr, f, v in self.plan.call_symbols}
@@ -419,9 +419,14 @@ class Replay:
             if self.plan.rebuild_gradients:
 
                 def with_call_values(grad_inputs: Any, grad_outputs: Any) -> Any:
-                    return tuple(_rebuilt_with(g, symbols) for g in grad_inputs)
+                    return tuple(_rebuilt_with(g, symbols, read) for g in grad_inputs)
 
-                node.register_hook(with_call_values)
+                node.register_hook(with_call_values)  # before after_backward's writes (see Note in aot_layer.py)
+        elif self.plan.rebuild_gradients:
+            raise SubclassWriteError(
+                RefusalKind.WRITE_IN_BACKWARD, type(node).__name__, "<flatten ctx>", "gradient",
+                context="the gradients' ctx is rebuilt on the compiled backward's node, which these outputs do not reach",
+            )
         if snapshot or decisions:
             node.register_prehook(before_backward)
         if writes:
@@ -447,9 +452,12 @@ class Replay:
 SYMBOL_VALUES_ATTR = "_dynamo_ext_symbol_values"
 
 
-def resolve_symbolic(ctx: Any, values: dict[Any, Any] | None) -> Any:
+def resolve_symbolic(ctx: Any, values: dict[Any, Any] | None, read: Callable[[Any], Any] | None = None) -> Any:
     """``ctx`` with each symbolic value replaced by its value in this call (``values``:
-    {expression: value}); MISSING where one is not known."""
+    {expression: value}) and each counted int by its expression evaluated with ``read``
+    (counters.py); MISSING where one is not known."""
+    if isinstance(ctx, counters.CountedInt):
+        return counters.evaluate(ctx.expr, read) if read is not None else MISSING
     if isinstance(ctx, (torch.SymInt, torch.SymFloat)):
         expr = ctx.node.expr
         if values is None:
@@ -464,29 +472,29 @@ def resolve_symbolic(ctx: Any, values: dict[Any, Any] | None) -> Any:
             return int(got) if isinstance(ctx, torch.SymInt) else float(got)
         except (TypeError, ValueError):
             return MISSING
-    if not contains_symbolic(ctx):
+    if not (contains_symbolic(ctx) or counters.holds_counted(ctx)):
         return ctx
     if type(ctx) in (list, tuple, torch.Size):
-        parts = [resolve_symbolic(v, values) for v in ctx]
+        parts = [resolve_symbolic(v, values, read) for v in ctx]
         return MISSING if any(p is MISSING for p in parts) else type(ctx)(parts)
     if type(ctx) is dict:
-        items = {k: resolve_symbolic(v, values) for k, v in ctx.items()}
+        items = {k: resolve_symbolic(v, values, read) for k, v in ctx.items()}
         return MISSING if any(v is MISSING for v in items.values()) else items
     return MISSING  # a SymBool, a symbolic value in another container
 
 
-def _rebuilt_with(grad: Any, values: dict[Any, Any]) -> Any:
+def _rebuilt_with(grad: Any, values: dict[Any, Any], read: Callable[[Any], Any]) -> Any:
     """A gradient the compiled backward built from the ctx it traced, rebuilt (it and the
-    subclasses nested in it) with this call's values of the symbolic values that ctx holds
+    subclasses nested in it) with this call's values of the symbolic and counted values that ctx holds
     (See Note [A gradient's ctx made from sizes or counts] in aot_layer.py)."""
     if not is_traceable_wrapper_subclass(grad):
         return grad
     names, ctx = grad.__tensor_flatten__()
     inner = {n: getattr(grad, n) for n in names}
-    rebuilt = {n: _rebuilt_with(t, values) for n, t in inner.items()}
-    if not contains_symbolic(ctx) and all(rebuilt[n] is inner[n] for n in names):
+    rebuilt = {n: _rebuilt_with(t, values, read) for n, t in inner.items()}
+    if not (contains_symbolic(ctx) or counters.holds_counted(ctx)) and all(rebuilt[n] is inner[n] for n in names):
         return grad
-    now = resolve_symbolic(ctx, values)
+    now = resolve_symbolic(ctx, values, read)
     if now is MISSING:
         raise SubclassWriteError(
             RefusalKind.WRITE_IN_BACKWARD, type(grad).__name__, "<flatten ctx>", type(ctx).__name__,

@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_map_only
 
 import dynamo_ext
 from dynamo_ext.errors import RefusalKind, SubclassWriteError
+from dynamo_ext.testing import WrapperTensor
 
 
 class Weight(torch.Tensor):
@@ -573,3 +574,42 @@ def test_a_cache_the_forward_fills_once_read_by_the_backward():
         compiled(xc, wc).backward()
         torch.testing.assert_close(xc.grad, xe.grad, msg=lambda m: f"call {i}: {m}")
         torch.testing.assert_close(wc.cache, we.cache)
+
+
+class TagCopy(WrapperTensor):
+    """Results take the first argument's ``tag``, a ctx int nothing writes: ``w``'s gradient
+    (``x.t() @ grad``) gets x's tag, which the backward reads from x as it is then."""
+
+    CTX = ("tag",)
+
+
+def _matmul(x, w):
+    return x @ w
+
+
+def _tags_run(fn, calls, retag=None):
+    states = []
+    for call in range(calls):
+        x = TagCopy(torch.ones(2, 4), tag=10 + call, requires_grad=True)
+        w = TagCopy(torch.ones(4, 3), tag=-1, requires_grad=True)
+        out = fn(x, w)
+        if retag is not None:
+            x.tag = retag  # between the forward and backward()
+        out.sum().backward()
+        states.append(tuple((type(t.tag), t.tag) for t in (out, x.grad, w.grad)))
+    return states
+
+
+@pytest.mark.parametrize("retag", [None, 999])
+def test_a_gradient_ctx_the_backward_copies_from_an_input(retag):
+    """The traced backward read x's tag as a counted value (See counters.py) and passed it
+    to w's gradient: AOTAutograd rebuilt every w.grad with the trace's CountedInt (an int
+    subclass holding the trace's expression), at the value of the compile's call: stale from
+    the third call on, and stale where the user set x.tag before backward(). It is rebuilt
+    with the value eager's backward reads now (See Note [A gradient's ctx made from sizes
+    or counts])."""
+    torch._dynamo.reset()
+    expected = _tags_run(_matmul, 5, retag)
+    counter = CompileCounterWithBackend("aot_eager")
+    assert _tags_run(torch.compile(_matmul, backend=counter, fullgraph=True), 5, retag) == expected
+    assert counter.frame_count <= 2
