@@ -555,6 +555,10 @@ class Program:
                 vals.append(a * b)
             elif op == "add":
                 vals.append(a + b)
+            elif op == "mm":
+                # matrix products keep the (rows, 2) shape; their backward's first argument is
+                # an input (``a.t() @ grad``), whose ctx the gradient of ``b.t() @ b`` copies
+                vals.append(a @ (b.t() @ b))
             else:
                 vals.append(a.sin())
             if brk and self.break_after == k:
@@ -665,6 +669,8 @@ def predict_refusals(spec: Spec, program: Program, backend: str = "aot_eager") -
 # ----------------------------------------------------------------- strategies
 
 OP_ST = st.sampled_from(sorted(OPS))
+#: a program's steps: the ops dispatch reacts to, and matrix products (See Program._steps)
+STEP_ST = st.sampled_from(sorted(OPS) + ["mm"])
 
 write_st = st.builds(
     Write,
@@ -734,7 +740,7 @@ def spec_st(draw) -> Spec:
 def program_st(draw, spec: Spec) -> Program:
     n_inputs = draw(st.integers(1, 3))
     steps = tuple(
-        draw(st.lists(st.tuples(OP_ST, st.integers(0, 5), st.integers(0, 5)), min_size=1, max_size=4))
+        draw(st.lists(st.tuples(STEP_ST, st.integers(0, 5), st.integers(0, 5)), min_size=1, max_size=4))
     )
     break_after = draw(st.none() | st.integers(0, 3))
     requires_grad = draw(st.booleans())
