@@ -50,7 +50,7 @@ import torch.utils._pytree as pytree
 from . import capture, config, counters, free_state, guards, handoff
 from .capture import Scope, Tracked, Write
 from .errors import RefusalKind, SubclassWriteError
-from .plan import SYMBOL_VALUES_ATTR, EntryRead, resolve_symbolic, PlannedWrite, ReadKind, Replay, ValueFrom, WritePlan
+from .plan import SYMBOL_VALUES_ATTR, EntryRead, PlannedWrite, ReadKind, Replay, ValueFrom, WritePlan, resolve_symbolic
 _NOT_WRITTEN: Any = object()  # Planner.answer_backward: a name the forward did not write
 
 from .values import (
@@ -118,9 +118,9 @@ class Planner:
         # a symbolic value's expression -> where its run-time value is: an input of the
         # graph or an extra output (See Note [A traced tangent ctx holding a symbolic value])
         self.symbol_sources: dict[Any, tuple[ValueFrom, int]] = {}
-        # expression -> (expression, ValueFrom, where): the symbols whose value in each call
-        # the compiled backward needs (See WritePlan.call_symbols)
-        self.call_symbols: dict[Any, tuple[Any, ValueFrom, int]] = {}
+        # expression -> (ValueFrom, where): the symbols whose value in each call the compiled
+        # backward needs (See WritePlan.call_symbols)
+        self.call_symbols: dict[Any, tuple[ValueFrom, int]] = {}
         self.rebuild_gradients = False  # See Note [A gradient's ctx made from sizes or counts]
         # the subclasses the latest pass returned (nested ones too), as dispatch left them:
         # type -> their instance dicts (See Note [Reads on incoming gradients])
@@ -658,7 +658,7 @@ class Planner:
             backward_checks=tuple(self.backward_checks.items()),
             backward_guards=tuple(self.backward_guards),
             entry_reads=tuple(self.entry_reads.values()),
-            call_symbols=tuple(self.call_symbols.values()),
+            call_symbols=tuple((expr, *where) for expr, where in self.call_symbols.items()),
             rebuild_gradients=self.rebuild_gradients,
             guarded=self.record is not None,
         )
@@ -860,8 +860,8 @@ def _plan_symbolic_gradient_ctx(planner: Planner, joint_out: Any) -> None:
     (``plan.Replay.arm_backward``), before they are accumulated; otherwise it is refused. A
     counted value is evaluated there before the backward's own writes are replayed: its
     expression is over the state the backward began with, as a read after a write in the
-    traced backward answers with the write's expression. torch's own subclasses (DTensor's shapes in its spec) are
-    torch's business."""
+    traced backward answers with the write's expression. torch's own subclasses (DTensor's
+    shapes in its spec) are torch's business."""
     final = joint_out[0] if isinstance(joint_out[0], tuple) and len(joint_out[0]) == 2 else joint_out
     todo = [g for g in pytree.tree_leaves(final[1]) if _is_subclass(g)]
     while todo:
@@ -870,10 +870,9 @@ def _plan_symbolic_gradient_ctx(planner: Planner, joint_out: Any) -> None:
             continue
         names, ctx = grad.__tensor_flatten__()
         todo.extend(t for t in (getattr(grad, n, None) for n in names) if _is_subclass(t))
-        symbolic, counted = contains_symbolic(ctx), counters.holds_counted(ctx)
-        if not (symbolic or counted):
+        if not (contains_symbolic(ctx) or counters.holds_counted(ctx)):
             continue
-        if not _rebuildable(ctx) or (symbolic and not _note_symbols(ctx, planner.symbol_sources, planner.call_symbols)):
+        if not _note_symbols(ctx, planner.symbol_sources, planner.call_symbols):
             raise SubclassWriteError(
                 RefusalKind.WRITE_IN_BACKWARD, type(grad).__name__, "<flatten ctx>", type(ctx).__name__,
                 f"a gradient's flatten ctx holds a value computed from sizes or a count ({ctx!r}, symbolic "
@@ -1445,15 +1444,21 @@ def _mark_tangent_metas(metas: Sequence[Any] | None, reads: set[tuple[type, str]
     by_class: dict[type, set[str]] = {}
     for cls, name in reads:
         by_class.setdefault(cls, set()).add(name)
-    todo = list(metas)
+    for m in _creation_metas(metas):
+        names = by_class.get(_meta_class(m))
+        if names:
+            setattr(m, CTX_READS_ATTR, frozenset(names) | getattr(m, CTX_READS_ATTR, frozenset()))
+
+
+def _creation_metas(metas: Sequence[Any] | None) -> Iterator[Any]:
+    """The SubclassCreationMetas among ``metas`` and those nested in them."""
+    todo = list(metas or ())
     while todo:
         m = todo.pop()
         attrs = getattr(m, "attrs", None)
         if not isinstance(attrs, dict):
             continue  # a plain tensor's (or an opaque object's) meta
-        names = by_class.get(_meta_class(m))
-        if names:
-            setattr(m, CTX_READS_ATTR, frozenset(names) | getattr(m, CTX_READS_ATTR, frozenset()))
+        yield m
         todo.extend(attrs.values())
 
 
@@ -1473,7 +1478,7 @@ def _note_symbol_sources(sources: dict[Any, tuple[ValueFrom, int]], leaves: Sequ
 
 
 def _note_tangent_symbols(
-    metas: Sequence[Any] | None, sources: dict[Any, tuple[ValueFrom, int]], needed: dict[Any, tuple[Any, ValueFrom, int]]
+    metas: Sequence[Any] | None, sources: dict[Any, tuple[ValueFrom, int]], needed: dict[Any, tuple[ValueFrom, int]]
 ) -> None:
     """Note [A traced tangent ctx holding a symbolic value]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -1487,35 +1492,25 @@ def _note_tangent_symbols(
     compiled backward's autograd node (plan.Replay.arm_backward), and
     ``make_process_tangent_hook`` compares and coerces with the ctx they give. A value not
     found among the graph's inputs and extra outputs is refused when the backward runs."""
-    todo = list(metas or ())
-    while todo:
-        m = todo.pop()
-        attrs = getattr(m, "attrs", None)
-        if not isinstance(attrs, dict):
-            continue
-        todo.extend(attrs.values())
-        if not getattr(m, CTX_READS_ATTR, None):
-            continue
-        _note_symbols(m.meta, sources, needed)
+    for m in _creation_metas(metas):
+        if getattr(m, CTX_READS_ATTR, None):
+            _note_symbols(m.meta, sources, needed)
 
 
-def _note_symbols(value: Any, sources: dict[Any, tuple[ValueFrom, int]], needed: dict[Any, tuple[Any, ValueFrom, int]]) -> bool:
+def _note_symbols(value: Any, sources: dict[Any, tuple[ValueFrom, int]], needed: dict[Any, tuple[ValueFrom, int]]) -> bool:
     """Note in ``needed`` how to find the run-time value of each symbolic value ``value``
-    holds; False where one cannot be found (a symbol neither a graph input nor an extra
-    output, a SymBool, a symbolic value in a container this does not rebuild)."""
-    leaves = _symbolic_leaves(value)
-    if contains_symbolic(value) and not leaves:
+    holds; False where one cannot be found (a symbol neither a graph input, an input's
+    size nor an extra output; a SymBool, or a value in a container ``plan.resolve_symbolic``
+    does not rebuild)."""
+    if not _rebuildable(value):
         return False
     found = True
-    for leaf in leaves:
-        if isinstance(leaf, torch.SymBool):
-            found = False
-            continue
+    for leaf in _symbolic_leaves(value):
         expr = leaf.node.expr
         keys = [expr] if expr in sources else sorted(getattr(expr, "free_symbols", ()), key=str)
         if keys and all(k in sources for k in keys):
             for k in keys:
-                needed.setdefault(k, (k, *sources[k]))
+                needed.setdefault(k, sources[k])
         else:
             found = False
     return found

@@ -140,8 +140,8 @@ class WritePlan:
     #: holding a symbolic value] in aot_layer.py) or by a gradient's traced ctx (See Note
     #: [A gradient's ctx made from sizes or counts]).
     call_symbols: tuple[tuple[Any, "ValueFrom", Any], ...] = ()
-    #: the compiled backward's subclass gradients holding a symbolic ctx are rebuilt with
-    #: this call's values of it
+    #: the compiled backward's subclass gradients holding a symbolic or counted ctx value
+    #: are rebuilt with this call's values
     rebuild_gradients: bool = False
     #: Dynamo guards the inputs' state; called directly, the entry state is checked per call.
     guarded: bool = True
@@ -153,7 +153,10 @@ class WritePlan:
     @property
     def backward_armed(self) -> bool:
         """Whether each call's compiled backward has something to check or write."""
-        return bool(self.backward_writes or self.backward_decisions or self.backward_checks or self.call_symbols or self.rebuild_gradients)
+        return bool(
+            self.backward_writes or self.backward_decisions or self.backward_checks or self.call_symbols
+            or self.rebuild_gradients
+        )
 
     def why_not_cacheable(self) -> str | None:
         """Why another process could not reuse this plan (None: it can)."""
@@ -485,8 +488,8 @@ def resolve_symbolic(ctx: Any, values: dict[Any, Any] | None, read: Callable[[An
 
 def _rebuilt_with(grad: Any, values: dict[Any, Any], read: Callable[[Any], Any]) -> Any:
     """A gradient the compiled backward built from the ctx it traced, rebuilt (it and the
-    subclasses nested in it) with this call's values of the symbolic and counted values that ctx holds
-    (See Note [A gradient's ctx made from sizes or counts] in aot_layer.py)."""
+    subclasses nested in it) with this call's values of the symbolic and counted values its
+    ctx holds (See Note [A gradient's ctx made from sizes or counts] in aot_layer.py)."""
     if not is_traceable_wrapper_subclass(grad):
         return grad
     names, ctx = grad.__tensor_flatten__()
@@ -502,6 +505,7 @@ def _rebuilt_with(grad: Any, values: dict[Any, Any], read: Callable[[Any], Any])
             "call is not known",
         )
     return type(grad).__tensor_unflatten__(rebuilt, now, grad.size(), grad.stride())
+
 
 _MAX_SHAPES = 1024  # sets of input shapes a graph keeps made objects for (See Note [Objects dispatch makes, per shape])
 
