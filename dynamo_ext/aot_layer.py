@@ -50,7 +50,7 @@ import torch.utils._pytree as pytree
 from . import capture, config, counters, free_state, guards, handoff
 from .capture import Scope, Tracked, Write
 from .errors import RefusalKind, SubclassWriteError
-from .plan import SYMBOL_VALUES_ATTR, EntryRead, PlannedWrite, ReadKind, Replay, ValueFrom, WritePlan, resolve_symbolic
+from .plan import SYMBOL_VALUES_ATTR, WHOLE_OUTPUT, EntryRead, PlannedWrite, ReadKind, Replay, ValueFrom, WritePlan, resolve_symbolic
 _NOT_WRITTEN: Any = object()  # Planner.answer_backward: a name the forward did not write
 
 from .values import (
@@ -142,6 +142,8 @@ class Planner:
         self.forward_reads: dict[tuple, tuple[Any, Any]] = {}
         self.outputs: Sequence[Any] = ()  # the latest pass's outputs (Dynamo's graph outputs)
         self._written: dict[tuple[int, str], Write] = {}  # the latest pass's writes, by object
+        # the latest pass's inputs' attributes when it started: (input, path) -> {name: value}
+        self._entries: dict[tuple[int, capture.Path], dict] = {}
         # AOTAutogradCache (aot_cache.py): called with the frozen plan; returns what the
         # compiled function must keep alive (a save still to come), or None.
         self.on_frozen: Callable[[WritePlan], Any] | None = None
@@ -162,6 +164,7 @@ class Planner:
         extras: list[Any] = []
         born_order: dict[int, int] = {}
         entries = {(t.data.index, t.data.path): t.entry for t in scope.tracked.values() if isinstance(t.data, _Where)}
+        self._entries = entries
         for w in writes:
             t: Tracked = w.tracked
             if isinstance(t.data, _Where):
@@ -229,15 +232,38 @@ class Planner:
         planned: list[PlannedWrite] = []
         self.outputs = outputs
         self._written = written or {}
+        # Note [One object in several places of the outputs]
+        # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        # AOTAutograd rebuilds every output subclass, and every subclass nested in one, on its
+        # own: a tensor eager's outputs hold in two places (``y.cache is y.elem``, ``y.peer is
+        # z.elem``, an output that is also another output's inner tensor) comes back as two
+        # objects where it is a subclass. Each tensor's first place in the outputs (in order,
+        # each output's tree depth first) is where it is taken from; each later place is set
+        # to it (``ValueFrom.SIBLING``, the value a place: output index and path). Places are
+        # set in planning order, so a first place holds its final object when read. A tensor
+        # an input held when the call started (``cls(x.elem)``, ``y.src = x.elem``) is taken
+        # from the input (``ValueFrom.INNER``): its attributes hold their entry values until
+        # the input's own writes are set, after the outputs'.
+        seen: dict[int, tuple[int, capture.Path]] = {}
         for k, out in enumerate(outputs):
-            if _is_subclass(out) and not any(out is a for a in args):
-                self._plan_output_tree(args, out, k, (), extras, planned)
+            if not isinstance(out, torch.Tensor) or any(out is a for a in args):
+                continue
+            held = self._held_by_input(out)
+            if held is not None:
+                planned.append(PlannedWrite(-1, (), WHOLE_OUTPUT, ValueFrom.INNER, held, output_index=k))
+                continue
+            if id(out) in seen:
+                planned.append(PlannedWrite(-1, (), WHOLE_OUTPUT, ValueFrom.SIBLING, seen[id(out)], output_index=k))
+                continue
+            seen[id(out)] = (k, ())
+            if _is_subclass(out):
+                self._plan_output_tree(args, out, k, (), extras, planned, seen)
         # A subclass returned as an extra output (a tensor a write holds) is rebuilt the same
         # way: the run-time outputs are the caller's, then the extras.
         j = 0
         while j < len(extras):
             if _is_subclass(extras[j]) and not any(extras[j] is a for a in args):
-                self._plan_output_tree(args, extras[j], len(outputs) + j, (), extras, planned)
+                self._plan_output_tree(args, extras[j], len(outputs) + j, (), extras, planned, seen)
             j += 1
         if self.output_writes is None:
             self.output_writes = planned
@@ -249,10 +275,15 @@ class Planner:
             )
 
     def _plan_output_tree(
-        self, args: Sequence[Any], obj: Any, k: int, path: capture.Path, extras: list[Any], planned: list[PlannedWrite]
+        self, args: Sequence[Any], obj: Any, k: int, path: capture.Path, extras: list[Any], planned: list[PlannedWrite],
+        seen: dict[int, tuple[int, capture.Path]],
     ) -> None:
         inner = capture._flatten_names(obj)
         held_inputs: dict[str, int] = {}
+        linked: set[str] = set()  # flattened names set to a tensor held at an earlier place
+
+        def place(name: str) -> tuple[int, capture.Path]:
+            return (k, path + (("attr", name),))
         for name in sorted(inner):
             child = capture.obj_dict(obj).get(name)
             j = next((j for j, a in enumerate(args) if child is a), None) if _is_subclass(child) else None
@@ -266,32 +297,39 @@ class Planner:
                 # aliases of it below are set from it).
                 held_inputs[name] = j
                 planned.append(PlannedWrite(-1, path, name, ValueFrom.INPUT, j, output_index=k))
-        if free_state.is_user_class(type(obj)):
-            # One inner object under two flattened names (``cache is elem``): AOTAutograd
-            # rebuilds each name, so the second is set to the first again.
-            first: dict[int, str] = {}
-            for name in sorted(inner):
-                held = capture.obj_dict(obj).get(name)
-                if isinstance(held, torch.Tensor) and id(held) in first:
-                    planned.append(PlannedWrite(-1, path, name, ValueFrom.SIBLING, first[id(held)], output_index=k))
-                elif isinstance(held, torch.Tensor):
-                    first[id(held)] = name
+        user_class = free_state.is_user_class(type(obj))
+        # (See Note [One object in several places of the outputs]; torch's own subclasses
+        # are not written on, their inner tensors are places to take from)
+        for name in sorted(inner):
+            held = capture.obj_dict(obj).get(name)
+            if not isinstance(held, torch.Tensor):
+                continue
+            entry = self._held_by_input(held) if user_class and name not in held_inputs else None
+            if entry is not None:
+                planned.append(PlannedWrite(-1, path, name, ValueFrom.INNER, entry, output_index=k))
+                linked.add(name)
+            elif id(held) in seen and user_class and name not in held_inputs:
+                planned.append(PlannedWrite(-1, path, name, ValueFrom.SIBLING, seen[id(held)], output_index=k))
+                linked.add(name)
+            else:
+                seen.setdefault(id(held), place(name))
+        if user_class:
             rebuilt: dict | None = None
             for name, value in capture.obj_dict(obj).items():
                 if name in inner or is_torch_internal(name):
                     continue
                 kind = classify(value)
-                if isinstance(value, torch.Tensor) and id(value) in first:
+                if isinstance(value, torch.Tensor) and id(value) in seen:
                     # ``self.a = self.elem`` outside the flatten list: the same object
                     # as the rebuilt inner tensor, not a copy of it.
-                    planned.append(PlannedWrite(-1, path, name, ValueFrom.SIBLING, first[id(value)], output_index=k))
+                    planned.append(PlannedWrite(-1, path, name, ValueFrom.SIBLING, seen[id(value)], output_index=k))
                 elif kind is ValueKind.CONSTANT:
                     planned.append(PlannedWrite(-1, path, name, ValueFrom.CONSTANT, value, output_index=k))
                 elif kind in (ValueKind.SYMBOLIC, ValueKind.TENSOR):
-                    value_from, where = _graph_value(args, value, {}, extras)
+                    value_from, where = _graph_value(args, value, self._entries, extras)
                     planned.append(PlannedWrite(-1, path, name, value_from, where, output_index=k))
                     if isinstance(value, torch.Tensor):
-                        first[id(value)] = name  # a later name holding the same tensor is its sibling
+                        seen[id(value)] = place(name)  # a later place holding the same tensor is set from here
                 else:
                     # a list, an arbitrary object: nothing carries it to the run-time output,
                     # which __tensor_unflatten__ builds; refused unless that builds it too (a
@@ -315,8 +353,16 @@ class Planner:
                     planned.append(PlannedWrite(-1, path, name, ValueFrom.CONSTANT, MISSING, output_index=k))
         for name in sorted(inner):
             child = getattr(obj, name, None)
-            if _is_subclass(child) and name not in held_inputs and not any(child is a for a in args):
-                self._plan_output_tree(args, child, k, path + (("attr", name),), extras, planned)
+            if _is_subclass(child) and name not in held_inputs and name not in linked and not any(child is a for a in args):
+                self._plan_output_tree(args, child, k, path + (("attr", name),), extras, planned, seen)
+
+    def _held_by_input(self, value: torch.Tensor) -> tuple[int, capture.Path, str] | None:
+        """(input, path, name) where an input of the pass held ``value`` when it started."""
+        for (j, path), attrs in self._entries.items():
+            for name, held in attrs.items():
+                if held is value:
+                    return (j, path, name)
+        return None
 
     # -- after the passes ---------------------------------------------------
 

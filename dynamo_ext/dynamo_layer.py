@@ -655,12 +655,18 @@ class FrameState:
             ref: Ref | None = t.data
             if ref is None:
                 continue  # an object made by the trace, not reachable from the graph
-            if t.real is None and _is_sibling_alias(t, w, self.stored) and (id(t.obj), w.name) not in self.stored:
+            if t.real is None and _is_sibling_alias(t, w, self.stored):
                 # ``y.cache = y.elem`` (or ``y.a = y.elem``, ``a`` not flattened) on a tensor the
-                # graph computes, not written before in this frame: the graph's outputs are
-                # built with that aliasing (the AOTAutograd layer restores it on rebuilt
-                # outputs); a residual write would put a separately rebuilt copy there. After an earlier write of the name it must
-                # be replayed (it undoes that one).
+                # graph computes: the graph's outputs are built with that aliasing (the
+                # AOTAutograd layer restores it on rebuilt outputs); a residual write would put
+                # a separately rebuilt copy there (a second object where the inner tensor is a
+                # subclass). An earlier write of the name in this frame is dropped: this one
+                # undoes it.
+                if (id(t.obj), w.name) in self.stored:
+                    vt = self._target_vt(t, ref)
+                    pending = tx.output.side_effects.store_attr_mutations.get(vt, {}) if vt is not None else {}
+                    pending.pop(w.name, None)
+                    self.stored.discard((id(t.obj), w.name))
                 continue
             kind = classify(w.value)
             marker = w.value if kind is ValueKind.CONSTANT else GRAPH_VALUE

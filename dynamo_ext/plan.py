@@ -36,9 +36,13 @@ class ValueFrom(enum.Enum):
     INPUT = "input"  # value: position of the input it aliases
     INNER = "inner"  # value: (input position, path, attribute) of a tensor an input held
     COUNTED = "counted"  # value: an expression over attributes read (counters.py), computed at run time
-    SIBLING = "sibling"  # value: the name of another attribute of the same (output) object
+    SIBLING = "sibling"  # value: (output index, path): an earlier place in the outputs holding the same tensor
     PACKED = "packed"  # value: (tuple type, ((ValueFrom, value), ...)): a torch.Size or tuple of symbolic ints
     SIZE = "size"  # value: (input position, dim): that input's size there
+
+
+# The name of a write on an output that replaces the output itself (``ValueFrom.SIBLING``).
+WHOLE_OUTPUT = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,11 +336,14 @@ class Replay:
             check_entry(self.plan, inputs)
         extras = out[len(out) - self._cut :] if self._cut else ()  # extra outputs follow the caller's
         for index, path, name, value_from, value in self._output_steps:
-            target = capture.follow(out[index], path) if path else out[index]
-            if value_from is ValueFrom.SIBLING:
-                value = getattr(target, value)
+            if value_from is ValueFrom.SIBLING:  # See Note [One object in several places of the outputs]
+                value = capture.follow(out[value[0]], value[1])
             elif value_from is not ValueFrom.CONSTANT:
                 value = _resolve(value_from, value, inputs, extras)
+            if name == WHOLE_OUTPUT:
+                out = type(out)((*out[:index], value, *out[index + 1 :]))
+                continue
+            target = capture.follow(out[index], path) if path else out[index]
             if value is MISSING:  # set by __tensor_unflatten__ alone: eager's output lacks it
                 target.__dict__.pop(name, None)
                 continue

@@ -58,7 +58,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only
 import dynamo_ext
 import subclasses as S
 from dynamo_ext import RefusalKind
-from harness import leaked_fakes, plain
+from harness import assert_same_identities, leaked_fakes, plain
 
 aten = torch.ops.aten
 
@@ -1152,6 +1152,7 @@ def _run_case(spec: Spec, program: Program, backend: str) -> None:
             return
         assert not refused, f"{where}: expected a refusal {sorted(k.value for k in refused)}, compiled ran"
         assert_same_outputs(e_out, c_out, where, ignore)
+        assert_same_identities({"in": e_in, "out": e_out}, {"in": c_in, "out": c_out}, where)
         if program.requires_grad:
             e_read: set = set()
             e_grads: list[tuple] = []  # (output, the gradient flowing into it) as it arrived, in eager
@@ -1191,4 +1192,5 @@ def _run_case(spec: Spec, program: Program, backend: str) -> None:
         for i, (e, c) in enumerate(zip(e_in, c_in)):
             assert not leaked_fakes(c), f"{where}: trace-time tensors leaked into input {i}: {leaked_fakes(c)}"
             assert_same_picture(picture(e), picture(c), f"{where}: input {i}")
+        assert_same_identities({"in": e_in, "out": e_out}, {"in": c_in, "out": c_out}, f"{where}, at its end")
     _event("matched eager" + ("" if counter.frame_count else " (nothing compiled)"))

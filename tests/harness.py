@@ -110,6 +110,36 @@ def _assert_same_picture(es: dict, cs: dict, where: str) -> None:
             assert e == c, f"{where}.{name}: eager {e} vs compiled {c}"
 
 
+def identity_groups(roots: dict[str, Any], max_depth: int = 4) -> list[list[str]]:
+    """Which places (``out1.elem.cache``) hold the same tensor object, across all the roots:
+    the groups of two or more places, each sorted. An object seen again is not walked again."""
+    places: dict[int, list[str]] = {}
+    keep: list[Any] = []  # ids stay unique while the walk runs
+
+    def walk(value: Any, where: str, depth: int) -> None:
+        if not isinstance(value, torch.Tensor):
+            return
+        again = id(value) in places
+        places.setdefault(id(value), []).append(where)
+        keep.append(value)
+        if again or depth >= max_depth:
+            return
+        for name, held in sorted(vars(value).items()):
+            if not name.startswith("_dynamo") and held is not value:
+                walk(held, f"{where}.{name}", depth + 1)
+
+    for where, root in roots.items():
+        for i, leaf in enumerate(torch.utils._pytree.tree_leaves(root)):
+            walk(leaf, f"{where}[{i}]", 0)
+    return sorted(sorted(group) for group in places.values() if len(group) > 1)
+
+
+def assert_same_identities(eager: dict[str, Any], compiled: dict[str, Any], where: str) -> None:
+    """The same places hold one object in both runs (inputs and outputs together)."""
+    e, c = identity_groups(eager), identity_groups(compiled)
+    assert e == c, f"{where}: objects held in several places: eager {e} vs compiled {c}"
+
+
 def assert_same_outputs(eager: Any, compiled: Any) -> None:
     e_flat, e_spec = torch.utils._pytree.tree_flatten(eager)
     c_flat, c_spec = torch.utils._pytree.tree_flatten(compiled)
@@ -178,6 +208,9 @@ def differential(
         e_out = fn(*eager_inputs)
         c_out = compiled(*compiled_inputs)
         assert_same_outputs(e_out, c_out)
+        assert_same_identities(
+            {"in": eager_inputs, "out": e_out}, {"in": compiled_inputs, "out": c_out}, f"call {call}"
+        )
         if backward:
             _backward(e_out)
             _backward(c_out)
