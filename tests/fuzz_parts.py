@@ -1075,6 +1075,42 @@ def run_case(spec: Spec, program: Program, backend: str) -> None:
         reset_globals()
 
 
+def run_compiled_only(spec: Spec, program: Program, backend: str) -> None:
+    """The compiled side of ``run_case`` alone, nothing compared: whether the program runs
+    at all (stock torch crashing on a program shows here; run_case would first see the
+    writes stock loses)."""
+    reset_globals()
+    try:
+        cls, inner_cls, set_closure = make_subclass(spec)
+
+        def fn(*xs):
+            if program.splits_at_top:
+                vals = program.head(xs)
+                torch._dynamo.graph_break()
+                return program.tail(vals, len(xs), program.break_after + 1)
+            return program(*xs)
+
+        compiled = torch.compile(fn, backend=backend, fullgraph=program.fullgraph, dynamic=program.dynamic)
+        xs = make_inputs(cls, inner_cls, program, 0)
+        for call in range(program.calls):
+            if call:
+                if program.batch == "grow":
+                    xs = make_inputs(cls, inner_cls, program, call)
+                for when, source, value in program.ext_changes:
+                    if when == call:
+                        _set_ext(source, value, set_closure)
+                for ch in program.changes:
+                    if ch.call == call:
+                        apply_change(ch, xs, spec, layout_of(spec))
+            out = compiled(*xs)
+            if program.requires_grad:
+                _backward(out)
+                for x in xs:
+                    x.grad = None
+    finally:
+        reset_globals()
+
+
 def _set_ext(source: str, value: float, set_closure: Callable[[str, float], None]) -> None:
     global GAIN
     if source == "global_const":

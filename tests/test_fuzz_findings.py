@@ -651,3 +651,49 @@ def test_a_case_the_fuzzer_found(spec, program, backend):
     torch._dynamo.reset()
     with torch._dynamo.config.patch(suppress_errors=False):
         F.run_case(eval(spec, namespace), eval(program, namespace), backend)
+
+
+# ------------------------------------------------------------------ a crash of torch 2.13 itself
+
+
+class _Inner(S.WritingTensor):
+    CTX = ("ops",)
+
+
+class _Outer(S.WritingTensor):
+    pass
+
+
+@pytest.mark.parametrize("enabled", [False, True], ids=["stock", "dynamo_ext"])
+def test_torch_2_13_crash_on_a_nested_subclass_view(enabled):
+    """torch 2.13.0: ``x.t()`` on a nested subclass, compiled again once the input's strides
+    changed (automatic dynamic strides), raises IndexError in AOTAutograd's generated
+    ``subclass_wrapper``, stock too; 2.14 and later run it. The long fuzz meets it where
+    Dynamo compiles dispatch as a frame (``tests/test_fuzz.py::_known_torch_crash``)."""
+    import dynamo_ext
+
+    def f(x):
+        return x.t()
+
+    base = torch.arange(4.0).reshape(2, 2)
+    if not enabled:
+        dynamo_ext.disable()
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(f, backend="aot_eager")
+        outcomes = []
+        for e in (base, base.t(), base):
+            x = _Outer(_Inner(e.clone() if e.is_contiguous() else e))
+            try:
+                out = compiled(x)
+            except IndexError:
+                outcomes.append("IndexError")
+                continue
+            assert out.stride() == f(x).stride() and type(out.elem) is _Inner
+            outcomes.append("ran")
+    finally:
+        dynamo_ext.enable()
+        torch._dynamo.reset()
+    expected = ["ran", "IndexError", "ran"] if torch.__version__.startswith("2.13.") else ["ran"] * 3
+    assert outcomes == expected
+
