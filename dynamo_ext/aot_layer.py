@@ -326,7 +326,10 @@ class Planner:
                 elif kind is ValueKind.CONSTANT:
                     planned.append(PlannedWrite(-1, path, name, ValueFrom.CONSTANT, value, output_index=k))
                 elif kind in (ValueKind.SYMBOLIC, ValueKind.TENSOR):
-                    value_from, where = _graph_value(args, value, self._entries, extras)
+                    # a tensor an input held first: the passes agree on where it lives (a graph
+                    # input standing for ``x.elem`` is that tensor in one pass, a copy in another)
+                    held = self._held_by_input(value) if isinstance(value, torch.Tensor) else None
+                    value_from, where = (ValueFrom.INNER, held) if held is not None else _graph_value(args, value, {}, extras)
                     planned.append(PlannedWrite(-1, path, name, value_from, where, output_index=k))
                     if isinstance(value, torch.Tensor):
                         seen[id(value)] = place(name)  # a later place holding the same tensor is set from here
