@@ -1575,6 +1575,44 @@ def _symbolic_leaves(value: Any) -> list[Any]:
     return []
 
 
+def _zero_tangent(meta: Any, like: torch.Tensor) -> Any:
+    """Note [A subclass output no gradient reached]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    An output that requires grad but that the loss does not use gets a plain zero tensor
+    from autograd where the compiled backward expects the subclass it traced, and torch
+    raises "Expected a X tangent but got a plain Tensor" (stock too, pytorch #172556).
+    Writes make such outputs: dispatch keeping its own result (``self.last_out = out``) puts
+    a tensor with a grad_fn on the input, which the graph returns for the residual write.
+    The plain zero becomes a zero of the traced class and ctx (inner tensors of its shape, or
+    of the shape AOTAutograd recorded): the backward adds nothing, as eager's never ran.
+    None where that cannot be built (not a user class, a ctx of symbolic values, an opaque
+    inner object)."""
+    from torch._functorch._aot_autograd.schemas import PlainTensorMeta
+
+    cls = _meta_class(meta)
+    if cls is None or not free_state.is_user_class(cls) or contains_symbolic(meta.meta):
+        return None
+    inner: dict[str, Any] = {}
+    for name, attr_meta in meta.attrs.items():
+        if isinstance(attr_meta, PlainTensorMeta):
+            fmt = attr_meta.memory_format
+            if fmt is not None and fmt.size is not None and fmt.stride is not None:
+                inner[name] = like.new_empty_strided(tuple(fmt.size), tuple(fmt.stride)).zero_()
+            else:
+                inner[name] = torch.zeros_like(like, memory_format=torch.contiguous_format)
+        elif _meta_class(attr_meta) not in (None, torch.Tensor):
+            nested = _zero_tangent(attr_meta, like)
+            if nested is None:
+                return None
+            inner[name] = nested
+        else:
+            return None
+    try:
+        return cls.__tensor_unflatten__(inner, meta.meta, like.shape, like.stride())
+    except Exception:  # noqa: BLE001 - torch's own error follows
+        return None
+
+
 def _meta_class(meta: Any) -> type | None:
     """The subclass a SubclassCreationMeta rebuilds (its instance until make_runtime_safe)."""
     cls = getattr(meta, "original_subclass_type", None)
@@ -1591,6 +1629,10 @@ def make_process_tangent_hook(original: Callable[..., Any]) -> Callable[..., Any
 
     @functools.wraps(original)
     def process_runtime_tangent(x: Any, meta: Any, *args: Any, **kwargs: Any) -> Any:
+        if type(x) is torch.Tensor and _meta_class(meta) not in (None, torch.Tensor) and not x.any():
+            zero = _zero_tangent(meta, x)
+            if zero is not None:
+                x = zero
         names = getattr(meta, CTX_READS_ATTR, None)
         if not names or not isinstance(x, torch.Tensor) or isinstance(x, torch._subclasses.fake_tensor.FakeTensor):
             return original(x, meta, *args, **kwargs)

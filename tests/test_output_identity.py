@@ -199,3 +199,60 @@ def test_direct_aot_function_keeps_identities(cls):
     xe, xc = make(cls)(), make(cls)()
     e_out, c_out = two_ops(*xe), compiled(*xc)
     assert_same_identities({"in": xe, "out": e_out}, {"in": xc, "out": c_out}, "aot_function")
+
+
+# ------------------------------------------------------------------ a kept result that requires grad
+
+
+class KeepsMmResult(Outer):
+    """mm: the operand keeps the result it returns (``first.last_out = out``), which autograd
+    then gives a grad_fn: an input holding a tensor of the graph that requires grad."""
+
+    @staticmethod
+    def RULE(func, first, out):
+        if func is aten.mm.default:
+            first.last_out = out
+
+
+def _mm_inputs():
+    gen = torch.Generator().manual_seed(0)
+    x = KeepsMmResult(Inner(torch.randn(3, 4, generator=gen)), requires_grad=True)
+    w = KeepsMmResult(Inner(torch.randn(4, 2, generator=gen)), requires_grad=True)
+    return x, w
+
+
+def returns_product(x, w):
+    return x @ w
+
+
+def returns_loss(x, w):
+    return (x @ w).sum()
+
+
+def returns_two(x, w):
+    y = x @ w
+    return y, y * 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [returns_product, returns_loss, returns_two], ids=lambda f: f.__name__)
+def test_a_kept_result_the_loss_does_not_use(fn, backend):
+    """The graph returns the kept result for the residual write; the loss does not reach it,
+    and autograd's plain zero for it is made a zero of the traced subclass (See Note [A
+    subclass output no gradient reached]): stock raises "Expected a ... tangent"."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    for call in range(2):
+        xe, we = _mm_inputs()
+        xc, wc = _mm_inputs()
+        e_out, c_out = fn(xe, we), compiled(xc, wc)
+        e_first = e_out[0] if isinstance(e_out, tuple) else e_out
+        c_first = c_out[0] if isinstance(c_out, tuple) else c_out
+        e_first.sum().backward()
+        c_first.sum().backward()
+        for e, c in ((xe, xc), (we, wc)):
+            torch.testing.assert_close(c.grad.elem.elem, e.grad.elem.elem)
+            assert type(c.grad) is type(e.grad)
+        assert_same_identities({"in": [xe, we], "out": e_out}, {"in": [xc, wc], "out": c_out}, f"call {call}")
+        assert xc.last_out.requires_grad and xc.last_out.grad_fn is not None
+        torch.testing.assert_close(xc.last_out.elem.elem, xe.last_out.elem.elem)
