@@ -475,6 +475,16 @@ class FrameState:
         from torch._dynamo.source import AttrSource, GlobalSource
 
         retry = False
+        if self.collector.type_checks and self.collector.writing_code and config.dynamo_layer:
+            # See Note [An exact type check on a traced tensor]: what dispatch writes may hang
+            # on it (a class whose code writes no attribute compiles as stock)
+            _refuse(
+                RefusalKind.UNSUPPORTED_STATE_READ, next(iter(self.scope.tracked.values())), "type()", "type",
+                f"{', '.join(sorted(set(self.collector.type_checks)))} compares type(t) with torch.Tensor: while "
+                "traced a plain tensor is a FakeTensor or FunctionalTensor, so the check answers otherwise than "
+                "in eager (in every pass alike), and the attributes dispatch writes may follow it; use "
+                "isinstance(t, torch.Tensor) and not is_traceable_wrapper_subclass(t)",
+            )
         for r in self.collector.reads():
             if r.cell is None and sys.modules.get(r.module) is None:
                 continue  # the namespace of generated code (a namedtuple's methods): not importable state

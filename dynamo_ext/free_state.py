@@ -64,6 +64,68 @@ def loaded_globals(code: types.CodeType) -> tuple[str, ...]:
     )
 
 
+_COMPARE_OPS = frozenset({"IS_OP", "COMPARE_OP", "CONTAINS_OP"})
+
+
+@functools.lru_cache(maxsize=4096)
+def compares_type_with_tensor(code: types.CodeType) -> bool:
+    """Note [An exact type check on a traced tensor]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    ``type(t) is torch.Tensor`` (or ``==``, ``in (torch.Tensor, ...)``, ``is not``): while
+    traced, a plain tensor is a FakeTensor or FunctionalTensor, so the check answers what it
+    never answers in eager, in every pass alike (no disagreement between passes shows it),
+    and a write or result that depends on it is silently the traced one. Found in ``code``
+    by its shape: a comparison whose operands load the builtin ``type`` and ``Tensor``
+    (``isinstance(t, torch.Tensor)`` and ``is_traceable_wrapper_subclass`` answer as eager)."""
+    instrs = list(dis.get_instructions(code))
+
+    def loads(j: int, name: str) -> bool:
+        return 0 <= j < len(instrs) and instrs[j].opname in ("LOAD_GLOBAL", "LOAD_NAME") and instrs[j].argval == name
+
+    def tensor_at(j: int) -> int:
+        """Where a load of ``torch.Tensor`` (or a global ``Tensor``) ending at ``j`` begins; -1."""
+        if j < 0 or instrs[j].argval != "Tensor":
+            return -1
+        if instrs[j].opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            return j
+        if instrs[j].opname in ("LOAD_ATTR", "LOAD_METHOD") and loads(j - 1, "torch"):
+            return j - 1
+        return -1
+
+    def type_call_ending(j: int) -> bool:
+        """A call of the builtin ``type`` whose result is the value ending at ``j``."""
+        return 0 <= j and instrs[j].opname in ("CALL", "CALL_FUNCTION", "PRECALL") and any(
+            loads(k, "type") for k in range(max(0, j - 8), j)
+        )
+
+    for i, ins in enumerate(instrs):
+        if ins.opname not in _COMPARE_OPS:
+            continue
+        begin = tensor_at(i - 1)
+        if begin >= 0 and type_call_ending(begin - 1):  # type(x) is torch.Tensor
+            return True
+        if type_call_ending(i - 1):  # torch.Tensor is type(x)
+            k = next((k for k in range(i - 2, max(-1, i - 10), -1) if loads(k, "type")), -1)
+            if k > 0 and (tensor_at(k - 1) >= 0 or (k > 1 and instrs[k - 1].opname == "PUSH_NULL" and tensor_at(k - 2) >= 0)):
+                return True
+    return False
+
+
+_CONSTRUCTORS = frozenset({"__new__", "__init__", "__tensor_unflatten__", "__post_init__"})
+
+
+@functools.lru_cache(maxsize=4096)
+def sets_attributes(code: types.CodeType) -> bool:
+    """``code`` sets an attribute (``x.a = v``, ``setattr``, ``vars(x)[k] = v`` aside) and is
+    not a constructor: the code of a subclass whose dispatch writes state."""
+    if code.co_name in _CONSTRUCTORS:
+        return False
+    return any(
+        i.opname == "STORE_ATTR" or (i.opname in ("LOAD_GLOBAL", "LOAD_NAME") and i.argval == "setattr")
+        for i in dis.get_instructions(code)
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Uses:
     """How code uses a value it loads: the attribute chains it reads off it
@@ -152,6 +214,10 @@ class Collector:
         # attribute names (and string constants: ``getattr(cls, "scale")``) the expanded code
         # may read: what a class, module or namespace it reaches is guarded on
         self.names: set[str] = set()
+        # code found comparing ``type(t)`` with ``torch.Tensor`` (See Note [An exact type
+        # check on a traced tensor]), not reported yet
+        self.type_checks: list[str] = []
+        self.writing_code: list[str] = []  # code that sets attributes, outside constructors
 
     def add_class(self, cls: type) -> None:
         """Dispatch may run the class's own methods without touching a tracked object
@@ -208,6 +274,10 @@ class Collector:
                 continue
             self._expanded.add(code)
             self._new.append((code, f_globals, cells))
+            if compares_type_with_tensor(code):
+                self.type_checks.append(getattr(code, "co_qualname", code.co_name))
+            if sets_attributes(code):
+                self.writing_code.append(getattr(code, "co_qualname", code.co_name))
             self.names.update(read_names(code))
             for name in loaded_globals(code):
                 value = f_globals.get(name)

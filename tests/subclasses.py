@@ -374,3 +374,24 @@ class MarkOnAdd(WritingTensor):
             first.marked = "add"
             first.adds = first.adds + 1
             first.plus_one = first.elem + 1
+
+
+class PlainArgKeeper(WritingTensor):
+    """Keeps a plain tensor operand it recognises with ``type(t) is torch.Tensor``: while
+    traced that operand is a FakeTensor or FunctionalTensor (the idiom is refused)."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if len(args) > 1 and isinstance(args[0], cls) and type(args[1]) is torch.Tensor:
+            args[0].other = args[1]
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class PlainArgCounter(WrapperTensor):
+    """The same check in a class that writes nothing: compiled as stock compiles it."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        plain = sum(1 for a in args if type(a) is torch.Tensor)
+        del plain
+        return super().__torch_dispatch__(func, types, args, kwargs)

@@ -15,6 +15,10 @@ def mul3(x):
     return x * 3
 
 
+def mul_plain(x):
+    return x * torch.ones(4)
+
+
 def in_checkpoint(x):
     return torch.utils.checkpoint.checkpoint(mul3, x, use_reentrant=False) + 1
 
@@ -27,6 +31,9 @@ REFUSED = [
     (S.RealTensorWriter, {}, mul3, RefusalKind.OPAQUE_VALUE, "borrowed"),
     (S.DeleteWriter, {"cache": 1}, mul3, RefusalKind.DELETED_ATTRIBUTE, "cache"),
     (S.CounterTensor, {}, in_checkpoint, RefusalKind.WRITE_IN_HOP, "tag"),
+    # See Note [An exact type check on a traced tensor]: eager keeps the operand, a trace
+    # never would (silently, before it was refused)
+    (S.PlainArgKeeper, {}, mul_plain, RefusalKind.UNSUPPORTED_STATE_READ, "type()"),
 ]
 
 
@@ -65,8 +72,13 @@ def test_breakable_graph_breaks_and_matches_eager(case, backend):
 
     differential(with_work_around, lambda: [cls(torch.arange(4.0), **attrs)], backend=backend, fullgraph=False, calls=2)
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     explained = torch._dynamo.explain(with_work_around)(cls(torch.arange(4.0), **attrs))
     reasons = " ".join(str(r.reason) for r in explained.break_reasons)
+    if explained.graph_count == 0:
+        # refused on every op of the class (an exact type check in its code): no graph, and
+        # explain lists no break; Dynamo's graph-break counters still name the reason
+        reasons = " ".join(torch._dynamo.utils.counters["graph_break"])
     assert kind.gb_type in reasons
 
 
@@ -344,3 +356,38 @@ def test_an_attribute_error_dispatch_raises_is_raised_as_in_eager(backend):
 
     torch._dynamo.reset()
     assert drive(torch.compile(mul3, backend=backend)) == drive(mul3) == [("ok", 1), ("ok", 2), ("AttributeError", 3)]
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_an_exact_type_check_in_a_class_that_writes_nothing_compiles_as_stock(backend):
+    out = differential(mul_plain, lambda: [S.PlainArgCounter(torch.arange(4.0))], backend=backend, calls=2)
+    assert out.frames == 1
+
+
+
+def _checks(x, func):
+    return type(x) is torch.Tensor, type(x) is not torch.Tensor, torch.Tensor is type(x)
+
+
+def _counts(args):
+    return sum(1 for t in args if type(t) is torch.Tensor)
+
+
+def _not_checks(x, func):
+    # an overload named Tensor, an exact check against another class, isinstance, type(x)(...)
+    return (
+        func is torch.ops.aten.mul.Tensor and type(x) is not S.FakeTensor,
+        isinstance(x, torch.Tensor),
+        type(x)(x.elem) if func is None else None,
+    )
+
+
+def test_the_exact_type_check_is_found_by_its_shape():
+    from dynamo_ext.free_state import compares_type_with_tensor
+
+    def found(fn):
+        code = fn.__code__
+        return any(compares_type_with_tensor(c) for c in [code, *(k for k in code.co_consts if hasattr(k, "co_code"))])
+
+    assert found(_checks) and found(_counts)
+    assert not found(_not_checks)
