@@ -248,9 +248,9 @@ class Planner:
         for k, out in enumerate(outputs):
             if not isinstance(out, torch.Tensor) or any(out is a for a in args):
                 continue
-            held = self._held_by_input(out)
-            if held is not None:
-                planned.append(PlannedWrite(-1, (), WHOLE_OUTPUT, ValueFrom.INNER, held, output_index=k))
+            entry = self._held_by_input(out)
+            if entry is not None:
+                planned.append(PlannedWrite(-1, (), WHOLE_OUTPUT, ValueFrom.INNER, entry, output_index=k))
                 continue
             if id(out) in seen:
                 planned.append(PlannedWrite(-1, (), WHOLE_OUTPUT, ValueFrom.SIBLING, seen[id(out)], output_index=k))
@@ -304,11 +304,12 @@ class Planner:
             held = capture.obj_dict(obj).get(name)
             if not isinstance(held, torch.Tensor):
                 continue
-            entry = self._held_by_input(held) if user_class and name not in held_inputs else None
+            linkable = user_class and name not in held_inputs
+            entry = self._held_by_input(held) if linkable else None
             if entry is not None:
                 planned.append(PlannedWrite(-1, path, name, ValueFrom.INNER, entry, output_index=k))
                 linked.add(name)
-            elif id(held) in seen and user_class and name not in held_inputs:
+            elif linkable and id(held) in seen:
                 planned.append(PlannedWrite(-1, path, name, ValueFrom.SIBLING, seen[id(held)], output_index=k))
                 linked.add(name)
             else:
@@ -328,8 +329,8 @@ class Planner:
                 elif kind in (ValueKind.SYMBOLIC, ValueKind.TENSOR):
                     # a tensor an input held first: the passes agree on where it lives (a graph
                     # input standing for ``x.elem`` is that tensor in one pass, a copy in another)
-                    held = self._held_by_input(value) if isinstance(value, torch.Tensor) else None
-                    value_from, where = (ValueFrom.INNER, held) if held is not None else _graph_value(args, value, {}, extras)
+                    entry = self._held_by_input(value) if isinstance(value, torch.Tensor) else None
+                    value_from, where = (ValueFrom.INNER, entry) if entry is not None else _graph_value(args, value, {}, extras)
                     planned.append(PlannedWrite(-1, path, name, value_from, where, output_index=k))
                     if isinstance(value, torch.Tensor):
                         seen[id(value)] = place(name)  # a later place holding the same tensor is set from here
@@ -359,13 +360,9 @@ class Planner:
             if _is_subclass(child) and name not in held_inputs and name not in linked and not any(child is a for a in args):
                 self._plan_output_tree(args, child, k, path + (("attr", name),), extras, planned, seen)
 
-    def _held_by_input(self, value: torch.Tensor) -> tuple[int, capture.Path, str] | None:
-        """(input, path, name) where an input of the pass held ``value`` when it started."""
-        for (j, path), attrs in self._entries.items():
-            for name, held in attrs.items():
-                if held is value:
-                    return (j, path, name)
-        return None
+    def _held_by_input(self, value: Any) -> tuple[int, capture.Path, str] | None:
+        """(input, path, name) where an input of the latest pass held ``value`` when it started."""
+        return _entry_place(self._entries, value)
 
     # -- after the passes ---------------------------------------------------
 
@@ -854,6 +851,15 @@ def _check_against_dynamo(t: Tracked, w: Write, recorded: Any) -> None:
         )
 
 
+def _entry_place(entries: dict[tuple[int, capture.Path], dict], value: Any) -> tuple[int, capture.Path, str] | None:
+    """(input, path, name) of the entry attribute holding ``value`` itself; None."""
+    for (j, path), attrs in entries.items():
+        for name, held in attrs.items():
+            if held is value:
+                return (j, path, name)
+    return None
+
+
 def _graph_value(
     args: Sequence[Any], value: Any, entries: dict[tuple[int, capture.Path], dict], extras: list[Any]
 ) -> tuple[ValueFrom, Any]:
@@ -867,10 +873,9 @@ def _graph_value(
         if value is a:
             return ValueFrom.INPUT, j
     # An alias of a tensor some input already held when the pass started.
-    for (j, path), attrs in entries.items():
-        for attr, held in attrs.items():
-            if value is held:
-                return ValueFrom.INNER, (j, path, attr)
+    place = _entry_place(entries, value)
+    if place is not None:
+        return ValueFrom.INNER, place
     extras.append(value)
     return ValueFrom.OUTPUT, len(extras) - 1
 
@@ -1625,7 +1630,8 @@ def make_process_tangent_hook(original: Callable[..., Any]) -> Callable[..., Any
     """Replacement for ``AOTDispatchAutograd.process_runtime_tangent``, which the compiled
     backward calls on each incoming gradient (bound when its prologue is generated): a
     coercion to the traced ctx that changes a value the traced backward read is refused
-    (See Note [A gradient coerced to the traced metadata])."""
+    (See Note [A gradient coerced to the traced metadata]); a plain zero where a subclass
+    was traced is made one (See Note [A subclass output no gradient reached])."""
 
     @functools.wraps(original)
     def process_runtime_tangent(x: Any, meta: Any, *args: Any, **kwargs: Any) -> Any:

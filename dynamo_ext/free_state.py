@@ -215,7 +215,7 @@ class Collector:
         # may read: what a class, module or namespace it reaches is guarded on
         self.names: set[str] = set()
         # code found comparing ``type(t)`` with ``torch.Tensor`` (See Note [An exact type
-        # check on a traced tensor]), not reported yet
+        # check on a traced tensor]), by qualified name
         self.type_checks: list[str] = []
         self.writing_code: list[str] = []  # code that sets attributes, outside constructors
 

@@ -1082,26 +1082,11 @@ def run_compiled_only(spec: Spec, program: Program, backend: str) -> None:
     reset_globals()
     try:
         cls, inner_cls, set_closure = make_subclass(spec)
-
-        def fn(*xs):
-            if program.splits_at_top:
-                vals = program.head(xs)
-                torch._dynamo.graph_break()
-                return program.tail(vals, len(xs), program.break_after + 1)
-            return program(*xs)
-
-        compiled = torch.compile(fn, backend=backend, fullgraph=program.fullgraph, dynamic=program.dynamic)
+        compiled = torch.compile(_program_fn(program), backend=backend, fullgraph=program.fullgraph, dynamic=program.dynamic)
         xs = make_inputs(cls, inner_cls, program, 0)
         for call in range(program.calls):
             if call:
-                if program.batch == "grow":
-                    xs = make_inputs(cls, inner_cls, program, call)
-                for when, source, value in program.ext_changes:
-                    if when == call:
-                        _set_ext(source, value, set_closure)
-                for ch in program.changes:
-                    if ch.call == call:
-                        apply_change(ch, xs, spec, layout_of(spec))
+                (xs,) = _between_calls(spec, program, call, cls, inner_cls, set_closure, [xs])
             out = compiled(*xs)
             if program.requires_grad:
                 _backward(out)
@@ -1109,6 +1094,40 @@ def run_compiled_only(spec: Spec, program: Program, backend: str) -> None:
                     x.grad = None
     finally:
         reset_globals()
+
+
+def _program_fn(program: Program) -> Callable[..., Any]:
+    """The function compiled: the program, its graph break at the top level where drawn;
+    ``at_break`` (eager runs only) is called where the graph breaks."""
+
+    def fn(*xs, at_break=None):
+        if program.splits_at_top:
+            vals = program.head(xs)
+            torch._dynamo.graph_break()
+            if at_break is not None:
+                at_break()
+            return program.tail(vals, len(xs), program.break_after + 1)
+        return program(*xs, at_break=at_break)
+
+    return fn
+
+
+def _between_calls(
+    spec: Spec, program: Program, call: int, cls: type, inner_cls: type | None,
+    set_closure: Callable[[str, float], None], sides: list[list],
+) -> list[list]:
+    """Before call ``call`` (> 0): each side's inputs made again for a new batch size, the
+    drawn external changes made once, the drawn user changes made on each side."""
+    if program.batch == "grow":
+        sides = [make_inputs(cls, inner_cls, program, call) for _ in sides]
+    for when, source, value in program.ext_changes:
+        if when == call:
+            _set_ext(source, value, set_closure)
+    for ch in program.changes:
+        if ch.call == call:
+            for xs in sides:
+                apply_change(ch, xs, spec, layout_of(spec))
+    return sides
 
 
 def _set_ext(source: str, value: float, set_closure: Callable[[str, float], None]) -> None:
@@ -1124,7 +1143,6 @@ def _set_ext(source: str, value: float, set_closure: Callable[[str, float], None
 
 def _run_case(spec: Spec, program: Program, backend: str) -> None:
     cls, inner_cls, set_closure = make_subclass(spec)
-    lay = layout_of(spec)
     fullgraph = program.fullgraph
     refused = predict_refusals(spec, program, backend) if fullgraph else set()
     # Compiled outputs hold exactly eager's attributes: AOTAutograd builds them with
@@ -1132,15 +1150,7 @@ def _run_case(spec: Spec, program: Program, backend: str) -> None:
     # left, as in stock: See Note [An output holding an input subclass] and plan_outputs).
     ignore: frozenset = frozenset()
 
-    def fn(*xs, at_break=None):
-        if program.splits_at_top:
-            vals = program.head(xs)
-            torch._dynamo.graph_break()
-            if at_break is not None:
-                at_break()
-            return program.tail(vals, len(xs), program.break_after + 1)
-        return program(*xs, at_break=at_break)
-
+    fn = _program_fn(program)
     counter = CompileCounterWithBackend(backend)
     compiled = torch.compile(fn, backend=counter, fullgraph=fullgraph, dynamic=program.dynamic)
     e_in = make_inputs(cls, inner_cls, program, 0)
@@ -1148,16 +1158,7 @@ def _run_case(spec: Spec, program: Program, backend: str) -> None:
     for call in range(program.calls):
         where = f"call {call + 1}"
         if call:
-            if program.batch == "grow":
-                e_in = make_inputs(cls, inner_cls, program, call)
-                c_in = make_inputs(cls, inner_cls, program, call)
-            for when, source, value in program.ext_changes:
-                if when == call:
-                    _set_ext(source, value, set_closure)
-            for ch in program.changes:
-                if ch.call == call:
-                    apply_change(ch, e_in, spec, lay)
-                    apply_change(ch, c_in, spec, lay)
+            e_in, c_in = _between_calls(spec, program, call, cls, inner_cls, set_closure, [e_in, c_in])
             for i, (e, c) in enumerate(zip(e_in, c_in)):
                 assert_same_picture(picture(e), picture(c), f"{where}: before, input {i} (the user's change)")
         before = [picture(c) for c in c_in]
