@@ -475,16 +475,18 @@ class FrameState:
         from torch._dynamo.source import AttrSource, GlobalSource
 
         retry = False
-        if self.collector.type_checks and self.collector.writing_code and config.dynamo_layer:
-            # See Note [An exact type check on a traced tensor]: what dispatch writes may hang
-            # on it (a class whose code writes no attribute compiles as stock)
-            _refuse(
-                RefusalKind.UNSUPPORTED_STATE_READ, next(iter(self.scope.tracked.values())), "type()", "type",
-                f"{', '.join(sorted(set(self.collector.type_checks)))} compares type(t) with torch.Tensor: while "
-                "traced a plain tensor is a FakeTensor or FunctionalTensor, so the check answers otherwise than "
-                "in eager (in every pass alike), and the attributes dispatch writes may follow it; use "
-                "isinstance(t, torch.Tensor) and not is_traceable_wrapper_subclass(t)",
-            )
+        if self.collector.writes_attributes and config.dynamo_layer:
+            # What dispatch writes may hang on an answer tracing changes (a class whose code
+            # writes no attribute compiles as stock)
+            if self.collector.type_checks:  # See Note [An exact type check on a traced tensor]
+                _refuse(
+                    RefusalKind.UNSUPPORTED_STATE_READ, next(iter(self.scope.tracked.values())), "type()", "type",
+                    f"{', '.join(sorted(set(self.collector.type_checks)))} compares type(t) with torch.Tensor: "
+                    "while traced a plain tensor is a FakeTensor or FunctionalTensor, so the check answers "
+                    "otherwise than in eager (in every pass alike)",
+                    hint="Test for a plain tensor with isinstance(t, torch.Tensor) and not "
+                    "torch.utils._python_dispatch.is_traceable_wrapper_subclass(t).",
+                )
         for r in self.collector.reads():
             if r.cell is None and sys.modules.get(r.module) is None:
                 continue  # the namespace of generated code (a namedtuple's methods): not importable state
@@ -655,6 +657,15 @@ class FrameState:
             bad = refusal_for(w.value, w.old, w.in_place)
             if bad is not None:
                 _refuse(bad[0], t, w.name, bad[1])
+            if self.collector.identity_calls and free_state.holds_traced_identity(w.value):
+                # See Note [An object's identity while traced]
+                _refuse(
+                    RefusalKind.UNSUPPORTED_STATE_READ, t, w.name, type(w.value).__name__,
+                    f"the value holds id() of a traced tensor ({', '.join(sorted(set(self.collector.identity_calls)))} "
+                    "calls id()): while traced every tensor is another object than in eager",
+                    hint="Key a cache on state the object carries (a version counter or tag in the "
+                    "__tensor_flatten__ ctx), not on id() of a tensor.",
+                )
             if self._in_hop():
                 _refuse(RefusalKind.WRITE_IN_HOP, t, w.name, type(w.value).__name__)
             if not torch._dynamo.config.replay_side_effects:
@@ -983,19 +994,19 @@ class _NeedsSeed(BaseException):
 class _Refused(BaseException):
     """A refusal raised inside fake propagation; re-raised as a graph break outside it."""
 
-    def __init__(self, kind: RefusalKind, t: Tracked, attr: str, value_type: str, context: str = "") -> None:
-        self.args_ = (kind, t, attr, value_type, context)
+    def __init__(self, kind: RefusalKind, t: Tracked, attr: str, value_type: str, context: str = "", hint: str = "") -> None:
+        self.args_ = (kind, t, attr, value_type, context, hint)
 
 
-def _refuse(kind: RefusalKind, t: Tracked, attr: str, value_type: str, context: str = "") -> NoReturn:
-    raise _Refused(kind, t, attr, value_type, context)
+def _refuse(kind: RefusalKind, t: Tracked, attr: str, value_type: str, context: str = "", hint: str = "") -> NoReturn:
+    raise _Refused(kind, t, attr, value_type, context, hint)
 
 
 def _refuse_read(t: Tracked, name: str, value: Any, context: str = "") -> NoReturn:
     _refuse(RefusalKind.UNSUPPORTED_STATE_READ, t, name, type(value).__name__, context)
 
 
-def _graph_break(kind: RefusalKind, t: Tracked, attr: str, value_type: str, context: str) -> NoReturn:
+def _graph_break(kind: RefusalKind, t: Tracked, attr: str, value_type: str, context: str, hint: str = "") -> NoReturn:
     """Refuse a write or read (a graph break, or an error under fullgraph=True).
 
     After the graph break the op runs eagerly from the user's frame, and Dynamo would
@@ -1010,7 +1021,7 @@ def _graph_break(kind: RefusalKind, t: Tracked, attr: str, value_type: str, cont
     code = getattr(dispatch, "__code__", None)
     if code is not None:
         _patches.CODE_MARKS.run_eagerly(code)
-    refuse(kind, t.cls_name, attr, value_type, context)
+    refuse(kind, t.cls_name, attr, value_type, context, hint)
 
 
 # --------------------------------------------------------------------------- #

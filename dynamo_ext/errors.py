@@ -257,15 +257,16 @@ def explain(kind: RefusalKind, cls_name: str, attr: str, value_type: str) -> str
     return f"{cls_name}.__torch_dispatch__ {what}, and dynamo_ext cannot carry it exactly. {record.why}"
 
 
-def refuse(kind: RefusalKind, cls_name: str, attr: str, value_type: str, context: str = "") -> NoReturn:
-    """Raise a Dynamo graph break (``Unsupported``) naming the kind, class and attribute."""
+def refuse(kind: RefusalKind, cls_name: str, attr: str, value_type: str, context: str = "", hint: str = "") -> NoReturn:
+    """Raise a Dynamo graph break (``Unsupported``) naming the kind, class and attribute;
+    ``hint``, where given, is the first of the hints (advice for this case)."""
     from torch._dynamo.exc import unimplemented
 
     unimplemented(
         gb_type=kind.gb_type,
         context=context or f"{cls_name}.{attr} <- {value_type}",
         explanation=explain(kind, cls_name, attr, value_type),
-        hints=list(REFUSALS[kind].hints),
+        hints=([hint] if hint else []) + list(REFUSALS[kind].hints),
     )
 
 

@@ -111,6 +111,71 @@ def compares_type_with_tensor(code: types.CodeType) -> bool:
     return False
 
 
+_DISPLAY = frozenset({"__repr__", "__str__", "__format__"})
+
+
+@functools.lru_cache(maxsize=4096)
+def calls_id(code: types.CodeType) -> bool:
+    """Note [An object's identity while traced]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    ``self.cache_key = id(self.elem)`` (a cache rebuilt when its tensor is another object):
+    while traced, every tensor dispatch sees is another object than in eager (a fake, a
+    functional tensor), so an identity taken then is not the run's. On ``backend="eager"``
+    there is one trace only and nothing disagrees: the key replayed is the fake's, and the
+    cache is rebuilt on every call. An identity used inside one dispatch call (a dict keyed
+    on ``id(w)`` to find an operand again, as float8 code does) is consistent while traced.
+    So code that loads the name ``id`` (the builtin unless its module defines its own; the
+    caller checks), display code (``__repr__``, ``__str__``, ``__format__``) aside, turns on
+    a check of what dispatch writes: a value holding the identity of a tensor alive while
+    traced that is not real (an int, the int in a tuple or list, its decimal or hex text) is
+    refused (``unsupported_state_read``). A value computed from an identity otherwise
+    (``id(t) % n``) is not recognised (README limits)."""
+    if code.co_name in _DISPLAY:
+        return False
+    return any(i.opname in ("LOAD_GLOBAL", "LOAD_NAME") and i.argval == "id" for i in dis.get_instructions(code))
+
+
+_SMALLEST_ADDRESS = 1 << 16
+
+
+def _identity_candidates(value: Any, depth: int = 0) -> tuple[set[int], list[str]]:
+    """The ints (large enough to be an address) and the strings ``value`` holds."""
+    ints: set[int] = set()
+    texts: list[str] = []
+    if isinstance(value, bool):
+        return ints, texts
+    if isinstance(value, int) and value >= _SMALLEST_ADDRESS:
+        ints.add(value)
+    elif isinstance(value, str):
+        texts.append(value)
+    elif depth < 4 and isinstance(value, (tuple, list, frozenset, set)):
+        for item in value:
+            i, t = _identity_candidates(item, depth + 1)
+            ints |= i
+            texts += t
+    elif depth < 4 and isinstance(value, dict):
+        for item in (*value.keys(), *value.values()):
+            i, t = _identity_candidates(item, depth + 1)
+            ints |= i
+            texts += t
+    return ints, texts
+
+
+def holds_traced_identity(value: Any) -> bool:
+    """``value`` holds ``id()`` of a tensor that is alive and not real (a fake or functional
+    tensor, a subclass wrapping one). See Note [An object's identity while traced]."""
+    ints, texts = _identity_candidates(value)
+    if not ints and not any(any(c.isdigit() for c in t) for t in texts):
+        return False
+    from torch._subclasses.fake_tensor import is_fake
+
+    # type(o), not isinstance: a module-level deprecation proxy warns on __class__
+    traced = {id(o) for o in gc.get_objects() if issubclass(type(o), torch.Tensor) and is_fake(o)}
+    if ints & traced:
+        return True
+    return any(str(i) in t or hex(i) in t or f"{i:x}" in t for t in texts for i in traced)
+
+
 _CONSTRUCTORS = frozenset({"__new__", "__init__", "__tensor_unflatten__", "__post_init__"})
 
 
@@ -217,7 +282,9 @@ class Collector:
         # code found comparing ``type(t)`` with ``torch.Tensor`` (See Note [An exact type
         # check on a traced tensor]), by qualified name
         self.type_checks: list[str] = []
-        self.writing_code: list[str] = []  # code that sets attributes, outside constructors
+        # code found calling the builtin ``id`` (See Note [An object's identity while traced])
+        self.identity_calls: list[str] = []
+        self.writes_attributes = False  # some code found sets attributes, outside constructors
 
     def add_class(self, cls: type) -> None:
         """Dispatch may run the class's own methods without touching a tracked object
@@ -276,8 +343,9 @@ class Collector:
             self._new.append((code, f_globals, cells))
             if compares_type_with_tensor(code):
                 self.type_checks.append(getattr(code, "co_qualname", code.co_name))
-            if sets_attributes(code):
-                self.writing_code.append(getattr(code, "co_qualname", code.co_name))
+            if calls_id(code) and "id" not in f_globals:
+                self.identity_calls.append(getattr(code, "co_qualname", code.co_name))
+            self.writes_attributes |= sets_attributes(code)
             self.names.update(read_names(code))
             for name in loaded_globals(code):
                 value = f_globals.get(name)
