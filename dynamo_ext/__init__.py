@@ -84,7 +84,6 @@ def disable() -> None:
         _PATCHES.undo()
         _patches.CLASS_HOOKS.remove_all()
         _patches.VERSION_HOOKS.remove_all()
-        free_state.forget_functions()
         _patches.CODE_MARKS.release_all()
 
 

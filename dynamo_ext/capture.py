@@ -774,6 +774,8 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
         if scope is not None and not is_torch_internal(name) and id(obj) not in scope.constructing:
             if t is None:  # a registered state object the trace reached through a ctx
                 t = scope.track(obj, obj)
+            if scope.on_access is not None:  # a hook that only writes: its closure is read too
+                scope.on_access(sys._getframe(1), type(obj))
             scope.write(t, name, value)
         set_(obj, name, value)
 

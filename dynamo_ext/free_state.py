@@ -23,12 +23,12 @@ import dataclasses
 import dis
 import functools
 import gc
+import inspect
 import os
 import sys
 import sysconfig
 import types
-import weakref
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -273,7 +273,8 @@ class Collector:
         self._last_frame: Any = None
         self._on_stack: set[types.CodeType] = set()
         self._expanded: set[types.CodeType] = set()
-        self._new: list[tuple[types.CodeType, dict, dict]] = []
+        self._new: list[tuple[types.CodeType, dict | None, dict]] = []
+        self._cells: dict[str, Any] = {}  # closure cells found, by name#id (held: ids stay valid)
         self._classes: set[type] = set()
         self._new_classes: list[type] = []
         # attribute names (and string constants: ``getattr(cls, "scale")``) the expanded code
@@ -305,13 +306,17 @@ class Collector:
         if frame is self._last_frame:
             return
         self._last_frame = frame
+        found: list[tuple[types.CodeType, dict, dict]] = []  # (code, globals, frame locals or {})
         while frame is not None and frame.f_code not in self._stop:
             code = frame.f_code
             if code not in self._on_stack and is_user_code(code.co_filename):
                 self._on_stack.add(code)
                 nested = any(code in c.co_consts for c in self._on_stack if c is not code)
-                self._expand(code, frame.f_globals, {} if nested else _closure_cells(code, frame.f_locals))
+                found.append((code, frame.f_globals, {} if nested or not code.co_freevars else frame.f_locals))
             frame = frame.f_back
+        functions = _functions_with([code for code, _, frame_locals in found if frame_locals])
+        for code, f_globals, frame_locals in found:
+            self._expand(code, f_globals, _closure_cells(code, frame_locals, functions.get(code, [])))
 
     def forget_frame(self) -> None:
         self._last_frame = None
@@ -335,18 +340,43 @@ class Collector:
                     for item in list(items):
                         follow(item, depth + 1)
 
+        def follow_chains(value: Any, uses: Uses, code: types.CodeType) -> None:
+            # ``CONF.hook(t)``, ``cfg.scale_fn``: the functions reached through the attribute
+            # chains the code reads off a value (any name the code holds where the value is
+            # used bare), looked up statically (no property or __getattr__ runs)
+            if isinstance(value, types.ModuleType) and not is_user_code(getattr(value, "__file__", "") or ""):
+                return
+            chains = {(a,) for a in read_names(code)} if uses.bare else uses.paths
+            for chain in chains:
+                v = value
+                for attr in chain:
+                    v = _static_attr(v, attr)
+                    if v is _NOTHING:
+                        break
+                    follow(v)
+
         while queue:
             code, f_globals, cells = queue.pop()
+            # Several functions can share one code object (classes or hooks made by one
+            # factory), each with its own cells: the code is analysed once, the cells of
+            # every function found are read and guarded
+            keyed = {f"{k.split('#')[0]}#{id(c)}": c for k, c in cells.items()}
+            new_cells = {k: c for k, c in keyed.items() if k not in self._cells}
+            self._cells.update(new_cells)
             if code in self._expanded:
+                if new_cells:
+                    self._new.append((code, None, new_cells))
+                    self._follow_cells(new_cells, code, follow, follow_chains)
                 continue
             self._expanded.add(code)
-            self._new.append((code, f_globals, cells))
+            self._new.append((code, f_globals, new_cells))
             if compares_type_with_tensor(code):
                 self.type_checks.append(getattr(code, "co_qualname", code.co_name))
             if calls_id(code) and "id" not in f_globals:
                 self.identity_calls.append(getattr(code, "co_qualname", code.co_name))
             self.writes_attributes |= sets_attributes(code)
             self.names.update(read_names(code))
+            uses = uses_in(code)
             for name in loaded_globals(code):
                 value = f_globals.get(name)
                 follow(value)
@@ -354,22 +384,34 @@ class Collector:
                     # ``helpers.scaled(t)``: the functions a user module object holds
                     for attr in read_names(code):
                         follow(vars(value).get(attr))
-            for cell in cells.values():  # a helper held by a closure variable (``getter()``)
-                follow(_cell_value(cell))
+                elif value is not None:
+                    follow_chains(value, uses.get(name, Uses()), code)
+            self._follow_cells(new_cells, code, follow, follow_chains)
             for const in code.co_consts:
                 if isinstance(const, types.CodeType):  # a lambda or comprehension: made at run time
                     queue.append((const, f_globals, {}))
+
+    @staticmethod
+    def _follow_cells(cells: dict, code: types.CodeType, follow: Callable, follow_chains: Callable) -> None:
+        """A helper held by a closure variable (``getter()``, ``hooks.scale_fn``)."""
+        uses = uses_in(code)
+        for key, cell in cells.items():
+            value = _cell_value(cell)
+            if value is not _NOTHING:
+                follow(value)
+                follow_chains(value, uses.get(key.split("#")[0], Uses()), code)
 
     def reads(self) -> Iterator[FreeRead]:
         """Globals and closure variables of the code objects found since the last call."""
         new, self._new = self._new, []
         for code, f_globals, cells in new:
-            module = f_globals.get("__name__")
             where = getattr(code, "co_qualname", code.co_name)
             uses = uses_in(code)
-            for name in loaded_globals(code):
-                if name in f_globals:
-                    yield FreeRead(module, name, f_globals[name], code_name=where, uses=uses.get(name, Uses()))
+            if f_globals is not None:  # None: another function's cells for code already read
+                module = f_globals.get("__name__")
+                for name in loaded_globals(code):
+                    if name in f_globals:
+                        yield FreeRead(module, name, f_globals[name], code_name=where, uses=uses.get(name, Uses()))
             for key, cell in cells.items():
                 value = _cell_value(cell)
                 if value is not _NOTHING:  # an empty cell: nothing to guard
@@ -407,42 +449,54 @@ def _functions_of(value: Any) -> list[types.FunctionType]:
     return []
 
 
-_FUNCTIONS: dict[types.CodeType, list[weakref.ref]] = {}
+def _functions_with(codes: list[types.CodeType]) -> dict[types.CodeType, list[types.FunctionType]]:
+    """Every function object whose code is one of ``codes``, by code.
 
-
-def _functions_with(code: types.CodeType, rescan: bool) -> list[types.FunctionType]:
-    refs = _FUNCTIONS.get(code)
-    if refs is None or rescan:
-        # Through the gc: a frame does not point to its function. Weak references only,
-        # dropped with dynamo_ext.disable().
-        fns = [fn for fn in gc.get_referrers(code) if isinstance(fn, types.FunctionType) and fn.__code__ is code]
-        _FUNCTIONS[code] = refs = [weakref.ref(fn) for fn in fns]
-    return [fn for fn in (r() for r in refs) if fn is not None]
-
-
-def forget_functions() -> None:
-    _FUNCTIONS.clear()
-
-
-def _closure_cells(code: types.CodeType, frame_locals: dict) -> dict[str, Any]:
-    """The cells the running ``code`` reads its free variables from: those of every
-    function with this code whose cells hold what the frame sees (several functions can
-    share one code object: classes made by one factory)."""
-    if not code.co_freevars:
+    Through the gc, in one pass for all of them, every time: a running frame does not point
+    to its function, and a function made from the same code since an earlier look (a
+    factory's next class or hook, with cells of its own) could be the one running. Not
+    cached for that reason (a cached list answered with an older function whose cells held
+    the same values, and the running function's own cells went unguarded)."""
+    if not codes:
         return {}
-    for rescan in (False, True):
-        cells: dict[str, Any] = {}
-        for fn in _functions_with(code, rescan):
-            closure = dict(zip(code.co_freevars, fn.__closure__ or ()))
-            if closure and all(_cell_value(c) is frame_locals.get(n, _NOTHING) for n, c in closure.items()):
-                for n, c in closure.items():
-                    cells[f"{n}#{id(c)}"] = c
-        if cells:
-            return cells
-    return {}
+    wanted = set(codes)
+    out: dict[types.CodeType, list[types.FunctionType]] = {}
+    for fn in gc.get_referrers(*codes):
+        if isinstance(fn, types.FunctionType) and fn.__code__ in wanted:
+            out.setdefault(fn.__code__, []).append(fn)
+    return out
+
+
+def _closure_cells(code: types.CodeType, frame_locals: dict, functions: list[types.FunctionType]) -> dict[str, Any]:
+    """The cells the running ``code`` may read its free variables from: those of every
+    function with this code whose cells hold what the frame sees. Which of them runs
+    cannot be told from the frame, so all that fit are read and guarded."""
+    if not code.co_freevars or not frame_locals:
+        return {}
+    cells: dict[str, Any] = {}
+    for fn in functions:
+        closure = dict(zip(code.co_freevars, fn.__closure__ or ()))
+        if closure and all(_cell_value(c) is frame_locals.get(n, _NOTHING) for n, c in closure.items()):
+            for n, c in closure.items():
+                cells[f"{n}#{id(c)}"] = c
+    return cells
 
 
 _NOTHING = object()
+
+
+def _static_attr(value: Any, name: str) -> Any:
+    """``value.name`` as found without running user code (a property's getter, a
+    staticmethod's or classmethod's function); ``_NOTHING`` when not found so."""
+    try:
+        v = inspect.getattr_static(value, name, _NOTHING)
+    except Exception:  # an object whose __dict__ or class lookup itself fails
+        return _NOTHING
+    if isinstance(v, (staticmethod, classmethod)):
+        return v.__func__
+    if isinstance(v, property):
+        return v.fget if v.fget is not None else _NOTHING
+    return v
 
 
 def _cell_value(cell: Any) -> Any:

@@ -250,6 +250,86 @@ def test_a_getter_function_held_in_a_closure(backend):
         GAIN = 1.0
 
 
+def make_gain_class(gain):
+    """A class and a setter for the gain its dispatch reads from the factory's closure: each
+    class made by the factory shares the dispatch code object, with cells of its own."""
+
+    def set_gain(v):
+        nonlocal gain
+        gain = v
+
+    class ReadsFactoryGain(ScaledWeight):
+        @classmethod
+        def scale_of(cls, w):
+            return gain
+
+    return ReadsFactoryGain, set_gain
+
+
+def mm2(x, w1, w2):
+    return torch.mm(x, w1) + torch.mm(x, w2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_classes_of_one_factory_in_one_graph(backend):
+    """Both weights' classes come from one factory (their code is one object): the second
+    class's own closure is guarded too, so changing its gain recompiles."""
+    first, _ = make_gain_class(1.5)
+    second, set_second = make_gain_class(2.5)
+    torch._dynamo.reset()
+    compiled = torch.compile(mm2, backend=backend)
+    e, c = [first(torch.ones(2, 2)), second(torch.ones(2, 2))], [first(torch.ones(2, 2)), second(torch.ones(2, 2))]
+    x = torch.ones(2, 2)
+    for call, gain in enumerate([2.5, 2.5, 7.0, 2.5]):
+        set_second(gain)
+        oe, oc = mm2(x, *e), compiled(x, *c)
+        torch.testing.assert_close(oc, oe, msg=lambda m: f"call {call + 1}: {m}")
+        for we, wc in zip(e, c):
+            assert_same_state(we, wc, f"call {call + 1} (second gain {gain})")
+
+
+def make_gain_hook(gain):
+    def set_gain(v):
+        nonlocal gain
+        gain = v
+
+    def gain_hook(w):
+        return gain
+
+    return gain_hook, set_gain
+
+
+GAIN_HOOKS = types.SimpleNamespace(scale=None)
+
+
+class ReadsHookOfNamespace(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return GAIN_HOOKS.scale(w)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_factory_made_hook_replaced_by_its_sibling(backend):
+    """The hook dispatch calls through a namespace is made by a factory; the user installs a
+    second hook of the same factory with the same gain (a recompile: the hook is another
+    function), then changes the second hook's gain. Its closure is guarded, not the first's
+    (whose cells held the same values)."""
+    first, _ = make_gain_hook(1.5)
+    second, set_second = make_gain_hook(1.5)
+    steps = [(first, None), (second, None), (second, 7.0), (second, 3.0)]
+
+    def flip(step):
+        hook, gain = step
+        GAIN_HOOKS.scale = hook
+        if gain is not None:
+            set_second(gain)
+
+    try:
+        run_side_by_side(ReadsHookOfNamespace, flip, steps, backend)
+    finally:
+        GAIN_HOOKS.scale = None
+
+
 # --------------------------------------------------------------- Python's random module
 
 
