@@ -641,8 +641,16 @@ class FrameState:
                 if name in seen or name not in names or name[:2] == "__" or name.startswith(("_dynamo", "_abc")):
                     continue
                 seen.add(name)
-                if hasattr(type(value), "__get__") or isinstance(value, type):
-                    continue  # methods, properties, descriptors; nested classes
+                if isinstance(value, (types.FunctionType, staticmethod, property, type)):
+                    # a hook the user swaps (``Q.quant = staticmethod(floor)``): what
+                    # ``cls.name`` gives, by identity (a function, a property, a class)
+                    guards.guard(AttrSource(source, name), "ID_MATCH")
+                    continue
+                if isinstance(value, classmethod):  # ``cls.name`` is a new bound method each time
+                    guards.guard(AttrSource(AttrSource(source, name), "__func__"), "ID_MATCH")
+                    continue
+                if hasattr(type(value), "__get__"):
+                    continue  # other descriptors (slots, cached properties): state of instances
                 retry |= self._guard_reached(AttrSource(source, name), value, cls.__qualname__, name, depth + 1, uses.of(name))
         return retry
 

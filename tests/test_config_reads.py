@@ -330,6 +330,78 @@ def test_a_factory_made_hook_replaced_by_its_sibling(backend):
         GAIN_HOOKS.scale = None
 
 
+class CallsClassHook(ScaledWeight):
+    """Dispatch calls a hook held on its class, which the user replaces between calls."""
+
+    @staticmethod
+    def gain_hook():
+        return 1.0
+
+    @classmethod
+    def scale_of(cls, w):
+        return cls.gain_hook()
+
+
+class CallsHookOnWeight(ScaledWeight):
+    def gain_hook(self):
+        return 1.0
+
+    @classmethod
+    def scale_of(cls, w):
+        return w.gain_hook()
+
+
+class ReadsClassProperty(ScaledWeight):
+    @property
+    def gain(self):
+        return 1.0
+
+    @classmethod
+    def scale_of(cls, w):
+        return w.gain
+
+
+def _as_static(v):
+    return staticmethod(lambda: v)
+
+
+def _as_classmethod(v):
+    return classmethod(lambda cls: v)
+
+
+def _as_function(v):
+    return lambda self: v
+
+
+def _as_property(v):
+    return property(lambda self: v)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "cls,name,make",
+    [
+        (CallsClassHook, "gain_hook", _as_static),
+        (CallsClassHook, "gain_hook", _as_classmethod),
+        (CallsHookOnWeight, "gain_hook", _as_function),
+        (ReadsClassProperty, "gain", _as_property),
+    ],
+    ids=["staticmethod", "classmethod", "method", "property"],
+)
+def test_a_hook_on_the_class_replaced_between_calls(backend, cls, name, make):
+    """``Q.quant = staticmethod(floor)``: what the class attribute is, is guarded (a traced
+    backend replayed the first hook's answer on every call)."""
+    original = vars(cls)[name]
+
+    def flip(v):
+        setattr(cls, name, make(v))
+
+    try:
+        run_side_by_side(cls, flip, [2.0, 3.0, 3.0, 0.5], backend)
+    finally:
+        setattr(cls, name, original)
+
+
 # --------------------------------------------------------------- Python's random module
 
 
