@@ -308,6 +308,19 @@ class FrameState:
         """See Note [Reads are answered from the real object] (capture.py)."""
         ref: Ref | None = t.data
         real = t.real
+        if ref is not None:
+            asked = None if name is capture.KEYS else name.name if isinstance(name, capture.Unshadowed) else name
+            changed = self._written_by_program(real, ref, t)
+            if changed and (asked is None or asked in changed):
+                # ``w.scale = s; w @ x``: while traced the op would see the value from before
+                # the call (Dynamo applies the user's write after the graph)
+                _refuse(
+                    RefusalKind.UNSUPPORTED_STATE_READ, t, asked or sorted(changed)[0], "pending write",
+                    "the compiled function set it before this op; while traced the op would read "
+                    "the value from before the call",
+                    hint="Set the attribute outside the compiled function, or let the op run "
+                    "eagerly (fullgraph=False graph-breaks there).",
+                )
         if name is capture.KEYS:
             if ref is not None and ref.source is not None and not t.shared:
                 guards.keys(ref.source)
@@ -487,9 +500,13 @@ class FrameState:
                     hint="Test for a plain tensor with isinstance(t, torch.Tensor) and not "
                     "torch.utils._python_dispatch.is_traceable_wrapper_subclass(t).",
                 )
-        for r in self.collector.reads():
+        reads = list(self.collector.reads())
+        stored_globals = self._stored_globals() if reads else set()
+        for r in reads:
             if r.cell is None and sys.modules.get(r.module) is None:
                 continue  # the namespace of generated code (a namedtuple's methods): not importable state
+            if r.cell is None and (r.module, r.name) in stored_globals:
+                self._refuse_changed(r.module or "", r.name, "assigned")
             if r.cell is None:
                 if not isinstance(r.value, types.ModuleType):
                     self.watch.add(r.module)
@@ -533,6 +550,10 @@ class FrameState:
 
         if depth > 3 or isinstance(value, torch.Tensor):
             return False  # a tensor fake propagation cannot use anyway
+        if not isinstance(value, (types.ModuleType, type)) and not is_immutable_constant(value):
+            changed = self._written_by_program(value)
+            if changed:  # ``CFG.margin = 3`` / ``TABLE[k] = v`` in the compiled function, then the op
+                self._refuse_changed(owner, name, sorted(changed)[0])
         names = uses.names(self.collector.names)
         if isinstance(value, types.ModuleType):
             self.watch.add_module_object(value)  # its attributes are globals too
@@ -613,6 +634,26 @@ class FrameState:
             return False
         # Other objects (loggers, locks, torch's own): not state the program depends on.
         return False
+
+    def _refuse_changed(self, owner: str, name: str, what: str) -> NoReturn:
+        _refuse(
+            RefusalKind.UNSUPPORTED_STATE_READ, next(iter(self.scope.tracked.values())), name, "pending write",
+            f"dispatch reads {owner}.{name}, which the compiled function changed ({what}) before this op; "
+            "while traced the op would read the value from before the call",
+            hint="Change it outside the compiled function, or let the op run eagerly "
+            "(fullgraph=False graph-breaks there).",
+        )
+
+    def _stored_globals(self) -> set[tuple[str | None, str]]:
+        """(module, name) of the globals the user's code assigned in this frame so far."""
+        from torch._dynamo.source import GlobalSource
+
+        se, out = self.tx.output.side_effects, set()
+        module = self.tx.output.global_scope.get("__name__")
+        for vt, attrs in se.store_attr_mutations.items():
+            if attrs and isinstance(getattr(vt, "source", None), GlobalSource) and type(vt).__name__ == "NewGlobalVariable":
+                out.update((module, n) for n in attrs)
+        return out
 
     def _guard_attributes(
         self, source: Any, held: dict, names: set[str], owner: str, depth: int, uses: free_state.Uses
@@ -733,6 +774,24 @@ class FrameState:
                 guards.absent(ref.source, w.name)
             if t.real is not None:
                 self.record.recorded.setdefault(id(t.real), {})[w.name] = marker
+
+    def _written_by_program(self, value: Any, ref: Ref | None = None, t: Tracked | None = None) -> set[str]:
+        """The attributes (or ``{"[]"}`` for a container's items) of ``value`` the user's
+        code set in this frame before now, as Dynamo's side effects hold them pending (not
+        those dispatch wrote, which dynamo_ext replays)."""
+        se = self.tx.output.side_effects
+        vt = ref.vt if ref is not None and ref.vt is not None else None
+        if vt is None and ref is not None and ref.source is not None:
+            vt = self.tx.output.input_source_to_var.get(ref.source)
+        if vt is None:
+            vt = se.id_to_variable.get(id(value))
+        if vt is None:
+            return set()
+        obj_id = id(t.obj) if t is not None else id(value)
+        changed = {n for n in se.store_attr_mutations.get(vt, {}) if (obj_id, n) not in self.stored and (id(value), n) not in self.stored}
+        if not changed and type(value) in (dict, list) and se.is_modified(vt):
+            changed = {"[]"}
+        return changed
 
     def _target_vt(self, t: Tracked, ref: Ref) -> Any:
         if ref.vt is None and ref.source is not None:

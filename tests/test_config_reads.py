@@ -402,6 +402,101 @@ def test_a_hook_on_the_class_replaced_between_calls(backend, cls, name, make):
         setattr(cls, name, original)
 
 
+# --------------------------------------------------------------- set by the compiled function itself
+
+MARGIN = 0.0
+MARGINS = {"m": 0.0}
+class _MarginBox:
+    m = 0.0
+
+
+MARGIN_BOX = _MarginBox()  # a user object (Dynamo itself cannot trace a SimpleNamespace's setattr)
+
+
+class ReadsMarginGlobal(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return MARGIN
+
+
+class ReadsMarginDict(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return MARGINS["m"]
+
+
+class ReadsMarginBox(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return MARGIN_BOX.m
+
+
+class ReadsOverride(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return getattr(w, "override", 1.0)
+
+
+def _set_global(w, v):
+    global MARGIN
+    MARGIN = v
+
+
+def _set_dict(w, v):
+    MARGINS["m"] = v
+
+
+def _set_box(w, v):
+    MARGIN_BOX.m = v
+
+
+def _set_on_weight(w, v):
+    w.override = v
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fullgraph", [False, True], ids=["graph_breaks", "fullgraph"])
+@pytest.mark.parametrize(
+    "cls,setter",
+    [(ReadsMarginGlobal, _set_global), (ReadsMarginDict, _set_dict), (ReadsMarginBox, _set_box), (ReadsOverride, _set_on_weight)],
+    ids=["global", "dict_item", "object_attribute", "weight_attribute"],
+)
+def test_state_the_compiled_function_sets_before_the_op(backend, fullgraph, cls, setter):
+    """``w.override = k; w @ x`` (or a global, a dict item, a namespace attribute set the same
+    way): Dynamo applies the user's write after the graph, so while traced the op would see
+    the value from before the call. Refused (unsupported_state_read, nothing touched) under
+    fullgraph=True; under fullgraph=False the op runs eagerly and sees the new value."""
+    global MARGIN
+    from fuzz_parts import refusal_kind
+
+    def fn(x, w, k):
+        setter(w, k)
+        return torch.mm(x, w)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend, fullgraph=fullgraph)
+    we, wc = cls(torch.ones(2, 2)), cls(torch.ones(2, 2))
+    x = torch.ones(2, 2)
+    try:
+        for call, k in enumerate([3.0, 5.0]):
+            MARGIN, MARGINS["m"], MARGIN_BOX.m = 0.0, 0.0, 0.0
+            oe = fn(x, we, k)
+            MARGIN, MARGINS["m"], MARGIN_BOX.m = 0.0, 0.0, 0.0
+            if fullgraph:
+                before = dict(vars(wc))
+                with pytest.raises(Exception) as info:
+                    compiled(x, wc, k)
+                assert refusal_kind(info.value) is dynamo_ext.RefusalKind.UNSUPPORTED_STATE_READ, info.value
+                assert vars(wc).keys() == before.keys() and wc.used == before["used"], "the input was touched"
+                return
+            oc = compiled(x, wc, k)
+            torch.testing.assert_close(oc, oe)
+            assert_same_state(we, wc, f"call {call + 1}")
+            assert we.used == k
+    finally:
+        MARGIN, MARGINS["m"], MARGIN_BOX.m = 0.0, 0.0, 0.0
+
+
 # --------------------------------------------------------------- Python's random module
 
 
