@@ -33,6 +33,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import types
 from typing import Any, Callable, NoReturn
 
@@ -622,6 +623,10 @@ class FrameState:
             # registered ctx-state object's, which needs the op run again.
             guards.guard(source, "ID_MATCH")
             if self.scope.lookup(value) is None:
+                try:
+                    capture.obj_dict(value)
+                except AttributeError:  # an object of a C type whose state is not in a __dict__
+                    self._refuse_changed(owner, name, "", opaque=type(value).__qualname__)
                 self.scope.track(value, value, Ref(None, source, None))
                 self.record.shared_objects.append(value)
                 return True
@@ -635,9 +640,15 @@ class FrameState:
         # Other objects (loggers, locks, torch's own): not state the program depends on.
         return False
 
-    def _refuse_changed(self, owner: str, name: str, what: str) -> NoReturn:
+    def _refuse_changed(self, owner: str, name: str, what: str, opaque: str = "") -> NoReturn:
+        t = next(iter(self.scope.tracked.values()))
+        if opaque:  # See Note [State dispatch reaches outside the tensors]
+            _refuse(
+                RefusalKind.UNSUPPORTED_STATE_READ, t, name, opaque,
+                f"dispatch reads {owner}.{name}, a {opaque} whose state dynamo_ext cannot read to guard it",
+            )
         _refuse(
-            RefusalKind.UNSUPPORTED_STATE_READ, next(iter(self.scope.tracked.values())), name, "pending write",
+            RefusalKind.UNSUPPORTED_STATE_READ, t, name, "pending write",
             f"dispatch reads {owner}.{name}, which the compiled function changed ({what}) before this op; "
             "while traced the op would read the value from before the call",
             hint="Change it outside the compiled function, or let the op run eagerly "
@@ -1184,7 +1195,12 @@ def _is_namespace(value: Any) -> bool:
     """A plain attribute holder of the standard library (``types.SimpleNamespace``,
     ``argparse.Namespace``)."""
     cls = type(value)
-    return cls is types.SimpleNamespace or (cls.__name__ == "Namespace" and cls.__module__ == "argparse")
+    return (
+        cls is types.SimpleNamespace
+        or (cls.__name__ == "Namespace" and cls.__module__ == "argparse")
+        # per-thread settings: its attributes are read (and guarded) in the calling thread
+        or isinstance(value, threading.local)
+    )
 
 
 def _mapping_items(value: Any) -> Any:

@@ -16,6 +16,7 @@ import dataclasses
 import os
 import random
 import sys
+import threading
 import types
 
 import pytest
@@ -400,6 +401,30 @@ def test_a_hook_on_the_class_replaced_between_calls(backend, cls, name, make):
         run_side_by_side(cls, flip, [2.0, 3.0, 3.0, 0.5], backend)
     finally:
         setattr(cls, name, original)
+
+
+PER_THREAD = threading.local()
+PER_THREAD.gain = 1.0
+
+
+class ReadsThreadLocal(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return PER_THREAD.gain
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_thread_local_setting(backend):
+    """A per-thread setting (``threading.local``) dispatch reads: guarded in the calling
+    thread (the compile used to crash reading its state)."""
+
+    def flip(v):
+        PER_THREAD.gain = v
+
+    try:
+        run_side_by_side(ReadsThreadLocal, flip, [2.0, 2.0, 4.0], backend)
+    finally:
+        PER_THREAD.gain = 1.0
 
 
 # --------------------------------------------------------------- set by the compiled function itself
