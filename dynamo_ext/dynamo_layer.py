@@ -341,7 +341,8 @@ class FrameState:
             return held
         value, origin = capture.eager_lookup(real, name)
         if origin == "absent":
-            if ref is not None and ref.source is not None and not t.shared:
+            if ref is not None and ref.source is not None:
+                # ``getattr(cfg, "margin", 1)``: an attribute the user may add later
                 guards.absent(ref.source, name)
             t.set_answer(name, MISSING)
             raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
@@ -615,6 +616,10 @@ class FrameState:
             held = dict(vars(value))
             if isinstance(value, torch.nn.Module):
                 held.update(value._modules)  # submodules read as attributes
+            else:  # ``getattr(cfg, "margin", 1)``, ``hasattr(cfg, "floor")``: set later by the user
+                for attr in sorted(names - held.keys()):
+                    if attr[:2] != "__":
+                        guards.absent(source, attr)
             return self._guard_attributes(source, held, names, f"{owner}.{name}", depth, uses)
         if capture.is_registered(value) or (
             hasattr(value, "__dict__") and free_state.is_user_class(type(value)) and type(value).__module__ != "builtins"
