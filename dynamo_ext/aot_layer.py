@@ -138,6 +138,11 @@ class Planner:
         # (index, path, name) -> how (See WritePlan.backward_checks)
         self.backward_checks: dict[tuple, Any] = {}
         self.backward_guards: list[tuple] = []  # See _install_backward_guard
+        # the user code the traced backward ran, and what it can reach through globals and
+        # closure variables (See Note [State the traced backward reads outside the tensors]
+        # in free_state.py)
+        self.backward_code: free_state.Collector | None = None
+        self.backward_free: dict[tuple, free_state.BackwardRead] = {}
         # names the traced backward read as the forward wrote them: key -> (real holder, value)
         self.forward_reads: dict[tuple, tuple[Any, Any]] = {}
         self.outputs: Sequence[Any] = ()  # the latest pass's outputs (Dynamo's graph outputs)
@@ -385,6 +390,9 @@ class Planner:
         self.forward_values.update({(id(w.tracked.obj), w.name): w.value for w in net if isinstance(w.tracked.data, _Where)})
         late = Scope(answer=self.answer_backward, label="backward")
         late.check_inner = False
+        if self.in_joint:
+            self.backward_code = free_state.Collector(_JOINT_BOUNDARY)
+            late.on_access = self.backward_code.on_access
         late.deferred_guards = self.deferred_guards
         for t in scope.tracked.values():
             if isinstance(t.data, _Where):
@@ -410,6 +418,16 @@ class Planner:
             # between, on the same instances, is the forward's bookkeeping, not the
             # backward's reads (See Note [Where the traced backward begins]).
             self._late_pending = late
+
+    def note_backward_free_state(self) -> None:
+        """What the traced backward's code can reach outside the tensors, checked again
+        when the compiled backward runs (See Note [State the traced backward reads outside
+        the tensors] in free_state.py)."""
+        code, self.backward_code = self.backward_code, None
+        if code is None:
+            return
+        for r in free_state.backward_reads(code.reads(), code.names):
+            self.backward_free.setdefault((r.module, r.name, id(r.cell), r.chain, r.kind), r)
 
     def open_late(self) -> None:
         """Note [Where the traced backward begins]
@@ -703,6 +721,7 @@ class Planner:
             backward_decisions=tuple(self.tape.decisions),
             backward_checks=tuple(self.backward_checks.items()),
             backward_guards=tuple(self.backward_guards),
+            backward_free=tuple(self.backward_free.values()),
             entry_reads=tuple(self.entry_reads.values()),
             call_symbols=tuple((expr, *where) for expr, where in self.call_symbols.items()),
             rebuild_gradients=self.rebuild_gradients,
@@ -1771,6 +1790,15 @@ def _anomaly_reports_kept_unless_refused() -> Iterator[None]:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 
+def _traced_joint(joint: Callable[..., Any], a: tuple, kw: dict) -> Any:
+    """Runs AOTAutograd's joint function: where the user code the traced backward runs
+    begins, going up the stack (free_state.Collector)."""
+    return joint(*a, **kw)
+
+
+_JOINT_BOUNDARY = frozenset({_traced_joint.__code__})
+
+
 def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replacement for ``create_joint`` as bound in AOTAutograd's graph capture: the joint
     function runs the traced forward, then the backward; the backward's reads and writes
@@ -1797,7 +1825,8 @@ def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             watch = _watch_classes(leaf for leaf in pytree.tree_leaves(a) if _is_subclass(leaf))  # the backward too
             try:
                 with watch.watching() as changes, _anomaly_reports_kept_unless_refused():
-                    out = joint(*a, **kw)
+                    out = _traced_joint(joint, a, kw)
+                planner.note_backward_free_state()
                 if changes:
                     raise SubclassWriteError(
                         RefusalKind.GLOBAL_STATE_WRITE, type(planner.tangents[0]).__name__ if planner.tangents else "backward",

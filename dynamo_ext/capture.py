@@ -612,8 +612,8 @@ class Scope:
         """The read falls through to the class's own ``__getattr__``, which typically reads
         state with ``object.__getattribute__`` (no hook sees that): answer every entry eager
         would find in the instance dict first, so it reads the real object's state."""
-        if not t.dict_complete and not t.shared and class_attribute(type(t.obj), "__getattr__") is not MISSING:
-            self._answer_all(t)
+        if not t.dict_complete and class_attribute(type(t.obj), "__getattr__") is not MISSING:
+            self._answer_all(t)  # a shared config object's too (``self.__dict__["_d"]``)
 
     def _answer_all(self, t: Tracked) -> None:
         """Code reads the instance dict itself: answer every entry eager would find there,

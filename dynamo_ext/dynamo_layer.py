@@ -33,7 +33,6 @@ import logging
 import math
 import os
 import sys
-import threading
 import types
 from typing import Any, Callable, NoReturn
 
@@ -577,7 +576,7 @@ class FrameState:
             return retry
         if is_code_object(value) and not isinstance(value, type):
             return False  # builtins, torch's ops
-        if is_immutable_constant(value) or (isinstance(value, PLAIN_MUTABLE) and _holds_constants(value)):
+        if is_immutable_constant(value) or (isinstance(value, PLAIN_MUTABLE) and free_state.holds_constants(value)):
             guards.constant(source, value)
             self.record.free_reads.append((owner, name, value))
             return False
@@ -611,7 +610,7 @@ class FrameState:
                 if isinstance(value, type) and free_state.is_user_class(cls):
                     retry |= self._guard_class_state(source, cls, depth + 1, uses)
             return retry
-        if isinstance(value, torch.nn.Module) or _is_namespace(value):
+        if isinstance(value, torch.nn.Module) or free_state.is_namespace(value):
             guards.guard(source, "ID_MATCH")
             held = dict(vars(value))
             if isinstance(value, torch.nn.Module):
@@ -636,10 +635,10 @@ class FrameState:
                 self.record.shared_objects.append(value)
                 return True
             return False
-        held = _mapping_items(value)
+        held = free_state.mapping_items(value)
         if held is not None:
             guards.guard(source, "ID_MATCH")
-            guards.lambda_(source, lambda obj: _mapping_items(obj) == held, f" holds {held!r}")
+            guards.lambda_(source, lambda obj: free_state.mapping_items(obj) == held, f" holds {held!r}")
             self.record.free_reads.append((owner, name, held))
             return False
         # Other objects (loggers, locks, torch's own): not state the program depends on.
@@ -1178,50 +1177,7 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     return _get_fake_value_impl
 
 
-def _holds_constants(value: Any, depth: int = 0) -> bool:
-    """A plain container of constants, functions, classes and torch ops (a registry keyed by
-    op), which a guard can copy and compare: no tensors, modules or other objects."""
-    if depth > 8:
-        return False
-    if isinstance(value, dict):
-        return all(_holds_constants(k, depth + 1) and _holds_constants(v, depth + 1) for k, v in value.items())
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return all(_holds_constants(v, depth + 1) for v in value)
-    if isinstance(value, bytearray) or is_immutable_constant(value):
-        return True
-    # (a bound method holds its owner: not copied by a value guard)
-    return is_code_object(value) and not isinstance(value, (types.ModuleType, types.MethodType))
-
-
 _MAX_ITEMS_GUARDED = 64  # items of a container guarded one by one
-
-
-def _is_namespace(value: Any) -> bool:
-    """A plain attribute holder of the standard library (``types.SimpleNamespace``,
-    ``argparse.Namespace``)."""
-    cls = type(value)
-    return (
-        cls is types.SimpleNamespace
-        or (cls.__name__ == "Namespace" and cls.__module__ == "argparse")
-        # per-thread settings: its attributes are read (and guarded) in the calling thread
-        or isinstance(value, threading.local)
-    )
-
-
-def _mapping_items(value: Any) -> Any:
-    """What a mapping of another library (``os.environ``) holds, as a dict, if it holds
-    only constants; None for anything else."""
-    import collections.abc
-
-    if not isinstance(value, collections.abc.Mapping) or isinstance(value, dict):
-        return None
-    try:
-        items = dict(value)
-    except Exception:
-        return None
-    if all(is_immutable_constant(k) and is_immutable_constant(v) for k, v in items.items()):
-        return items
-    return None
 
 
 def _propagate(

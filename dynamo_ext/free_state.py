@@ -737,3 +737,261 @@ def _refill(value: Any, contents: Any) -> None:
         value.update(contents)
     else:
         value[:] = contents
+
+
+# --------------------------------------------------------------------------- #
+# State the traced backward reads
+# --------------------------------------------------------------------------- #
+
+_MAX_ITEMS = 64  # items of a container checked one by one
+_MAX_DEPTH = 3  # values reached through a global: how far they are followed
+
+
+def holds_constants(value: Any, depth: int = 0) -> bool:
+    """A plain container of constants, functions, classes and torch ops (a registry keyed by
+    op), which a guard can copy and compare: no tensors, modules or other objects."""
+    from .values import is_code_object, is_immutable_constant
+
+    if depth > 8:
+        return False
+    if isinstance(value, dict):
+        return all(holds_constants(k, depth + 1) and holds_constants(v, depth + 1) for k, v in value.items())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return all(holds_constants(v, depth + 1) for v in value)
+    if isinstance(value, bytearray) or is_immutable_constant(value):
+        return True
+    # (a bound method holds its owner: not copied by a value guard)
+    return is_code_object(value) and not isinstance(value, (types.ModuleType, types.MethodType))
+
+
+def is_namespace(value: Any) -> bool:
+    """A plain attribute holder of the standard library (``types.SimpleNamespace``,
+    ``argparse.Namespace``, ``threading.local``: read in the calling thread)."""
+    import threading
+
+    cls = type(value)
+    return (
+        cls is types.SimpleNamespace
+        or (cls.__name__ == "Namespace" and cls.__module__ == "argparse")
+        or isinstance(value, threading.local)
+    )
+
+
+def mapping_items(value: Any) -> Any:
+    """What a mapping of another library (``os.environ``) holds, as a dict, if it holds
+    only constants; None for anything else."""
+    import collections.abc
+
+    from .values import is_immutable_constant
+
+    if not isinstance(value, collections.abc.Mapping) or isinstance(value, dict):
+        return None
+    try:
+        items = dict(value)
+    except Exception:
+        return None
+    if all(is_immutable_constant(k) and is_immutable_constant(v) for k, v in items.items()):
+        return items
+    return None
+
+
+def _code_print(fn: Any) -> Any:
+    """What a function is, comparable across processes: its name and bytecode."""
+    code = getattr(fn, "__code__", None)
+    return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(fn)), code.co_code if code else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardRead:
+    """Note [State the traced backward reads outside the tensors]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    AOTAutograd traces the backward when it compiles, so what the backward's dispatch code
+    reads through a module global or a closure variable (a gain, a config object's flag, a
+    hook) is baked into the compiled backward as it was then. The Dynamo layer guards the
+    forward on such state, but eager's backward reads it when ``backward()`` runs: set
+    between the forward and ``backward()``, the compiled backward used the old value,
+    silently. The code the traced backward ran is found as the Dynamo layer finds dispatch
+    code (a ``Collector`` on the backward's scope), and what it can reach is kept as
+    ``BackwardRead``s (the global or cell, the chain of attributes or items followed, the
+    value as traced); each is read again before the compiled backward runs, and a change is
+    refused (``changed_before_backward``) before any gradient is accumulated. Reads are
+    static (``inspect.getattr_static``): no user code runs. Functions compare by name and
+    bytecode, so a plan holding them pickles for AOTAutogradCache; one holding a closure
+    cell does not (another process has other cells) and bypasses the cache."""
+
+    module: str | None  # the module whose globals hold it; None for a closure variable
+    name: str
+    chain: tuple[Any, ...]  # attribute names, or ("[]", key) for an item
+    kind: str  # "value", "len", "items" (a mapping's), "code" (a function's print)
+    value: Any
+    cell: Any = None
+    code_name: str = ""  # the code reading a closure variable
+
+    def where(self) -> str:
+        parts = [self.name if self.cell is None else f"<closure of {self.code_name}>.{self.name}"]
+        for step in self.chain:
+            parts.append(f"[{step[1]!r}]" if isinstance(step, tuple) else f".{step}")
+        return (f"{self.module}." if self.module else "") + "".join(parts)
+
+    def now(self) -> Any:
+        from .values import MISSING
+
+        if self.cell is not None:
+            v = _cell_value(self.cell)
+        else:
+            module = sys.modules.get(self.module or "")
+            v = vars(module).get(self.name, _NOTHING) if module is not None else _NOTHING
+        for step in self.chain:
+            if v is _NOTHING:
+                break
+            v = _step(v, step)
+        if v is _NOTHING:
+            return MISSING
+        if self.kind == "len":
+            return len(v) if hasattr(v, "__len__") else MISSING
+        if self.kind == "items":
+            return mapping_items(v)
+        if self.kind == "code":
+            return _code_print(v)
+        return v
+
+    def holds(self) -> bool:
+        from .values import same_value
+
+        now = self.now()
+        return same_value(self.value, now) if self.kind == "value" else self.value == now
+
+
+def _step(value: Any, step: Any) -> Any:
+    if isinstance(step, tuple):
+        try:
+            return value[step[1]]
+        except Exception:
+            return _NOTHING
+    if isinstance(value, types.ModuleType):
+        return vars(value).get(step, _NOTHING)
+    if isinstance(value, torch.nn.Module) and step in value._modules:
+        return value._modules[step]
+    return _static_attr(value, step)
+
+
+def backward_reads(reads: Iterator[FreeRead], names: set[str]) -> list[BackwardRead]:
+    """What the traced backward's code can reach through the globals and closure variables
+    ``reads`` lists, as it holds now (See Note [State the traced backward reads outside the
+    tensors]); ``names``: every name that code reads attributes by."""
+    out: dict[tuple, BackwardRead] = {}
+    for r in reads:
+        if r.cell is None and sys.modules.get(r.module or "") is None:
+            continue  # the namespace of generated code: not importable state
+        _reach(BackwardRead(r.module, r.name, (), "value", None, r.cell, r.code_name), r.value, r.uses, names, 0, out)
+    return list(out.values())
+
+
+def _reach(at: BackwardRead, value: Any, uses: Uses, names: set[str], depth: int, out: dict) -> None:
+    """Keep what ``value`` (found at ``at``) holds that the code may read: the values the
+    Dynamo layer guards a forward on (dynamo_layer's Note [State dispatch reaches outside
+    the tensors]), as checks for the compiled backward."""
+    from .values import MISSING, PLAIN_MUTABLE, is_immutable_constant
+
+    def keep(kind: str, v: Any) -> None:
+        key = (at.module, at.name, id(at.cell), at.chain, kind)
+        out.setdefault(key, dataclasses.replace(at, kind=kind, value=v))
+
+    def then(step: Any) -> BackwardRead:
+        return dataclasses.replace(at, chain=at.chain + (step,))
+
+    if depth > _MAX_DEPTH or isinstance(value, torch.Tensor):
+        return
+    wanted = uses.names(names)
+    if isinstance(value, types.ModuleType):
+        if value.__name__.split(".")[0] == "torch" or not isinstance(vars(value), dict):
+            return
+        held = vars(value)
+        for attr in sorted(wanted & held.keys()):
+            if attr[:2] != "__":
+                _reach(then(attr), held[attr], uses.of(attr), names, depth + 1, out)
+        return
+    if isinstance(value, types.FunctionType):
+        keep("code", _code_print(value))
+        return
+    if isinstance(value, types.MethodType):
+        keep("code", _code_print(value))
+        _reach(then("__self__"), value.__self__, Uses(), names, depth + 1, out)
+        return
+    if isinstance(value, functools.partial):
+        for part in ("func", "args", "keywords"):
+            _reach(then(part), getattr(value, part), Uses(), names, depth + 1, out)
+        return
+    if isinstance(value, type):
+        if is_user_class(value) and value.__module__ != "builtins":
+            _reach_class(at, value, wanted, names, depth, out)
+        return
+    if is_immutable_constant(value) or (isinstance(value, PLAIN_MUTABLE) and holds_constants(value)):
+        keep("value", copy_constant(value))
+        return
+    if type(value) in (dict, list, tuple) and len(value) <= _MAX_ITEMS:
+        keep("len", len(value))
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in list(items):
+            if not isinstance(value, dict) or (
+                is_immutable_constant(key) and (not isinstance(key, str) or uses.bare or key in names)
+            ):
+                _reach(then(("[]", key)), item, Uses(), names, depth + 1, out)
+        return
+    if isinstance(value, torch.nn.Module) or is_namespace(value) or (
+        hasattr(value, "__dict__") and is_user_class(type(value)) and type(value).__module__ != "builtins"
+    ):
+        try:
+            held = dict(vars(value))
+        except TypeError:
+            return
+        if isinstance(value, torch.nn.Module):
+            held.update(value._modules)
+        for attr in sorted(wanted):
+            if attr[:2] == "__":
+                continue
+            if attr in held:
+                _reach(then(attr), held[attr], uses.of(attr), names, depth + 1, out)
+            elif not isinstance(value, torch.nn.Module) and _static_attr(type(value), attr) is _NOTHING:
+                # ``getattr(cfg, "margin", 1.0)``: a setting the user may add later
+                out.setdefault((at.module, at.name, id(at.cell), at.chain + (attr,), "value"),
+                               dataclasses.replace(then(attr), kind="value", value=MISSING))
+        if type(value).__module__ != "builtins" and is_user_class(type(value)):
+            _reach_class(at, type(value), wanted - held.keys(), names, depth, out)
+        return
+    items = mapping_items(value)
+    if items is not None:  # os.environ
+        keep("items", items)
+
+
+def _reach_class(at: BackwardRead, cls: type, wanted: set[str], names: set[str], depth: int, out: dict) -> None:
+    """A user class's own attributes the code reads (``cls.scale``, a hook ``Q.quant``),
+    also through an instance (found by the same static lookup, unless the instance
+    shadows them later: a change too)."""
+    seen: set[str] = set()
+    for klass in cls.__mro__:
+        if not is_user_class(klass) or klass.__module__ == "builtins":
+            continue
+        for name, value in list(vars(klass).items()):
+            if name in seen or name not in wanted or name[:2] == "__" or name.startswith(("_dynamo", "_abc")):
+                continue
+            seen.add(name)
+            step = dataclasses.replace(at, chain=at.chain + (name,))
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+            if isinstance(value, property):
+                value = value.fget
+            if isinstance(value, types.FunctionType):
+                out.setdefault((at.module, at.name, id(at.cell), step.chain, "code"),
+                               dataclasses.replace(step, kind="code", value=_code_print(value)))
+            elif not hasattr(type(value), "__get__") or isinstance(value, type):
+                _reach(step, value, Uses(), names, depth + 1, out)
+
+
+def copy_constant(value: Any) -> Any:
+    """A copy of a constant a check compares with later (a list of floats is mutated in place)."""
+    import copy
+
+    from .values import PLAIN_MUTABLE
+
+    return copy.deepcopy(value) if isinstance(value, PLAIN_MUTABLE) else value

@@ -25,7 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from . import capture, counters
+from . import capture, counters, free_state
 from .errors import RefusalKind, SubclassWriteError
 from .values import HELD_TENSOR, MISSING, ValueKind, classify, contains_symbolic, same_value
 
@@ -137,6 +137,10 @@ class WritePlan:
     #: what the traced backward decided, guarded on the forward (aot_layer's
     #: Planner._install_backward_guard); installed again when the plan is loaded from cache
     backward_guards: tuple[tuple, ...] = ()
+    #: what the traced backward's code read through globals and closure variables, each as
+    #: traced: it must still hold when the compiled backward runs (See Note [State the traced
+    #: backward reads outside the tensors] in free_state.py)
+    backward_free: tuple[free_state.BackwardRead, ...] = ()
     entry_reads: tuple[EntryRead, ...] = ()
     #: symbols of the trace whose value in each call the compiled backward needs, each with
     #: where its run-time value is found: ((expression, ValueFrom, value), ...). Held by an
@@ -159,13 +163,15 @@ class WritePlan:
         """Whether each call's compiled backward has something to check or write."""
         return bool(
             self.backward_writes or self.backward_decisions or self.backward_checks or self.call_symbols
-            or self.rebuild_gradients
+            or self.rebuild_gradients or self.backward_free
         )
 
     def why_not_cacheable(self) -> str | None:
         """Why another process could not reuse this plan (None: it can)."""
         if any(w.obj is not None for w in self.writes + self.backward_writes):
             return "writes on an object that is not among the graph's inputs"
+        if any(r.cell is not None for r in self.backward_free):
+            return "the traced backward reads a closure variable (another process has other cells)"
         bad = next((r for r in self.entry_reads if not r.checkable), None)
         if bad is not None:
             return f"the trace read {bad.name}, a {type(bad.value).__name__} not comparable by value"
@@ -393,7 +399,17 @@ class Replay:
         # a tensor changed in place since (``w.amax.mul_(2)``) counts as changed too
         versions = [then._version if isinstance(then, torch.Tensor) else None for _, _, then in snapshot]
 
+        free = self.plan.backward_free
+
         def before_backward(grad_outputs: Any) -> None:
+            for r in free:
+                if not r.holds():
+                    current = r.now()
+                    raise SubclassWriteError(
+                        RefusalKind.CHANGED_BEFORE_BACKWARD, "traced backward", r.where(), type(current).__name__,
+                        context=f"the compiled backward was traced with {r.where()} = {_shown(r)}; "
+                        f"it is {_shown(r, current)} now (eager's backward would read the new value)",
+                    )
             for (key, how, then), version in zip(snapshot, versions):
                 value = now(key)
                 if (value is then or (how == "value" and same_value(value, then))) and (
@@ -437,7 +453,7 @@ class Replay:
                 RefusalKind.WRITE_IN_BACKWARD, type(node).__name__, "<flatten ctx>", "gradient",
                 context="the gradients' ctx is rebuilt on the compiled backward's node, which these outputs do not reach",
             )
-        if snapshot or decisions:
+        if snapshot or decisions or free:
             node.register_prehook(before_backward)
         if writes:
             node.register_hook(after_backward)
@@ -455,6 +471,19 @@ class Replay:
                 setattr(run_with_replay, attr, getattr(compiled, attr))
         run_with_replay.__wrapped__ = compiled  # type: ignore[attr-defined]
         return run_with_replay
+
+
+_TRACED = object()
+
+
+def _shown(r: free_state.BackwardRead, value: Any = _TRACED) -> str:
+    """A read's value for a message (as traced by default)."""
+    value = r.value if value is _TRACED else value
+    if value is MISSING:
+        return "absent"
+    if r.kind == "code" and isinstance(value, tuple):
+        return f"function {value[1]}"
+    return repr(value)
 
 
 #: The attribute of a compiled backward's autograd node holding one call's values of the
