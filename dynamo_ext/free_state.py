@@ -307,13 +307,20 @@ class Collector:
             return
         self._last_frame = frame
         found: list[tuple[types.CodeType, dict, dict]] = []  # (code, globals, frame locals or {})
+        frames = []
         while frame is not None and frame.f_code not in self._stop:
+            frames.append(frame)
+            frame = frame.f_back
+        # A function made by code running now (a lambda dispatch passes to tree_map) closes
+        # over that call's locals, not over state: its cells are not read, whichever frame
+        # the walk meets first
+        running = self._on_stack | {f.f_code for f in frames}
+        for frame in frames:
             code = frame.f_code
             if code not in self._on_stack and is_user_code(code.co_filename):
                 self._on_stack.add(code)
-                nested = any(code in c.co_consts for c in self._on_stack if c is not code)
+                nested = any(code in c.co_consts for c in running if c is not code)
                 found.append((code, frame.f_globals, {} if nested or not code.co_freevars else frame.f_locals))
-            frame = frame.f_back
         functions = _functions_with([code for code, _, frame_locals in found if frame_locals])
         for code, f_globals, frame_locals in found:
             self._expand(code, f_globals, _closure_cells(code, frame_locals, functions.get(code, [])))
@@ -912,10 +919,12 @@ def _reach(at: BackwardRead, value: Any, uses: Uses, names: set[str], depth: int
                 _reach(then(attr), held[attr], uses.of(attr), names, depth + 1, out)
         return
     if isinstance(value, types.FunctionType):
-        keep("code", _code_print(value))
+        if is_user_code(value.__code__.co_filename):  # a library's functions are not rebound
+            keep("code", _code_print(value))
         return
     if isinstance(value, types.MethodType):
-        keep("code", _code_print(value))
+        if is_user_code(getattr(value.__func__, "__code__", None) and value.__func__.__code__.co_filename or ""):
+            keep("code", _code_print(value))
         _reach(then("__self__"), value.__self__, Uses(), names, depth + 1, out)
         return
     if isinstance(value, functools.partial):

@@ -57,6 +57,7 @@ from torch._inductor.utils import fresh_cache  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402
 
 import dynamo_ext  # noqa: E402
+from dynamo_ext import RefusalKind, SubclassWriteError  # noqa: E402
 from harness import differential  # noqa: E402
 
 aten = torch.ops.aten
@@ -172,6 +173,57 @@ def test_backward_writes_are_saved_at_the_first_backward_and_replayed(make):
         return (x * x * 3).sum()
 
     _saved_then_hit(_runs(f, [make, make], backward=True, calls=3))
+
+
+BACKWARD_SCALE = 1.0
+
+
+class BackwardScaled(S.WritingTensor):
+    """The backward's muls record the module global BACKWARD_SCALE; dispatch scales its
+    number arguments with a lambda closing over a local of the call (not state)."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        factor = 1.0
+        pytree.tree_map_only(cls, lambda t: (t.elem, factor), args)  # touches t first
+        args = pytree.tree_map_only(float, lambda v: v * factor, args)
+        if func is aten.mul.Tensor and torch._C._current_graph_task_id() != -1:
+            for a in args:
+                if isinstance(a, cls) and hasattr(a, "bw_scale"):
+                    a.bw_scale = BACKWARD_SCALE
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def _scaled_loss(x):
+    return (x * x * 3.0).sum()
+
+
+def test_a_backward_reading_a_global_hits_and_still_checks_it():
+    """The plan keeps what the traced backward read through globals (See Note [State the
+    traced backward reads outside the tensors]): it pickles with the entry (a lambda's cell
+    made per dispatch call is no state), and a hit checks it when the backward runs."""
+    global BACKWARD_SCALE
+    make = lambda: [BackwardScaled(torch.arange(4.0) + 1, requires_grad=True, bw_scale=0.0)]  # noqa: E731
+    _saved_then_hit(_runs(_scaled_loss, [make, make], backward=True, calls=1))
+    with fresh_cache():
+        for warm in (False, True):
+            counters.clear()
+            torch._dynamo.reset()
+            (x,) = make()
+            out = torch.compile(_scaled_loss, backend="inductor", fullgraph=True)(x)
+            assert bool(counters["aot_autograd"].get("autograd_cache_hit")) == warm, dict(counters["aot_autograd"])
+            if not warm:  # saved at its first backward
+                out.backward()
+                assert x.bw_scale == 1.0
+                continue
+            BACKWARD_SCALE = 2.0
+            try:
+                with pytest.raises(SubclassWriteError) as info:
+                    out.backward()
+            finally:
+                BACKWARD_SCALE = 1.0
+            assert info.value.kind is RefusalKind.CHANGED_BEFORE_BACKWARD and "BACKWARD_SCALE" in str(info.value)
+            assert x.bw_scale == 0.0 and x.grad is None
 
 
 def test_an_entry_traced_from_other_state_is_a_miss():
