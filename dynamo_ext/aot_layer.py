@@ -510,13 +510,13 @@ class Planner:
             t.settled.add(name)
             return held
         value = capture.obj_dict(t.obj).get(name, MISSING)
+        key = (t.data.index, t.data.path, name)
         if name not in t.flatten_names:
             real_value, origin = capture.eager_lookup(t.real, name)
             if origin == "absent":
                 # eager's object lacks it, whatever the traced one holds (what
                 # __tensor_unflatten__ set, read through ``self.__dict__`` too)
-                self._guard(t, name, MISSING)
-                t.set_answer(name, MISSING)
+                self._guard_absent_in_backward(t, key)
                 raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
             if isinstance(real_value, torch.Tensor):
                 # Not an input of the traced program (the forward neither read nor wrote it):
@@ -531,12 +531,10 @@ class Planner:
             # its constructor set, where the real one was counted on)
             real_value, origin = capture.eager_lookup(t.real, name)
             if origin == "absent" and value is MISSING:
-                self._guard(t, name, MISSING)
-                t.set_answer(name, MISSING)
+                self._guard_absent_in_backward(t, key)
                 raise AttributeError(f"{t.cls_name!r} object has no attribute {name!r}")
             if origin != "absent" and not isinstance(real_value, torch.Tensor):
                 value = real_value
-        key = (t.data.index, t.data.path, name)
         if type(value) is int:
             self.backward_reads[key] = (t.real, value)
             value = counters.CountedInt(value, ("read", key), self.tape)
@@ -550,6 +548,16 @@ class Planner:
             self.backward_checks[key] = "value"
         t.settled.add(name)
         return value
+
+    def _guard_absent_in_backward(self, t: Tracked, key: tuple) -> None:
+        """The traced backward found ``name`` absent (``getattr(w, "bw_calls", 0) + 1``): the
+        forward is guarded on its absence, and the compiled backward checks it is still
+        absent when it runs (a retained graph's second backward, or a second forward's,
+        finds the first one's write: eager counts on from it, the plan would set the traced
+        value again)."""
+        self._guard(t, key[2], MISSING)
+        t.set_answer(key[2], MISSING)
+        self.backward_checks[key] = ("constant", MISSING)
 
     def plan_backward(self) -> None:
         """Plan the writes the backward made, replayed every time the compiled backward runs.

@@ -613,3 +613,47 @@ def test_a_gradient_ctx_the_backward_copies_from_an_input(retag):
     counter = CompileCounterWithBackend("aot_eager")
     assert _tags_run(torch.compile(_matmul, backend=counter, fullgraph=True), 5, retag) == expected
     assert counter.frame_count <= 2
+
+
+class CountsBackwardFromAbsent(Weight):
+    """The backward's count starts from an absent attribute (``getattr(w, "bw", 0) + 1``)."""
+
+    @staticmethod
+    def backward_op(w, out):
+        w.bw = getattr(w, "bw", 0) + 1
+        return out
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("order", ["retained", "two_forwards"])
+def test_a_backward_count_from_an_absent_attribute(order, fullgraph):
+    """The traced backward found ``bw`` absent and wrote 1. A second backward of the same
+    forward (``retain_graph``), or a second forward's backward after the first one's, finds
+    ``bw`` set: eager counts on to 2, the plan would set 1 again. The compiled backward
+    checks the attribute is still absent and refuses otherwise, before accumulating."""
+
+    def loss(x, w):
+        return (x * w).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=fullgraph)
+    for f in (loss, compiled):
+        w = CountsBackwardFromAbsent(torch.full((3,), 0.5))
+        x = torch.ones(3, requires_grad=True)
+        if order == "retained":
+            y = f(x, w)
+            y.backward(retain_graph=True)
+            second = y
+        else:
+            y1, y2 = f(x, w), f(x, w)
+            y1.backward()
+            second = y2
+        assert w.bw == 1 and x.grad.tolist() == [0.5] * 3
+        if f is loss:
+            second.backward()
+            assert w.bw == 2
+        else:
+            with pytest.raises(SubclassWriteError) as info:
+                second.backward()
+            assert info.value.kind is RefusalKind.CHANGED_BEFORE_BACKWARD and "bw" in str(info.value)
+            assert w.bw == 1 and x.grad.tolist() == [0.5] * 3  # nothing accumulated
