@@ -27,6 +27,7 @@ bytecode (nothing of ours runs per call).  Upstream request: pytorch #130028.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import logging
@@ -560,9 +561,16 @@ class FrameState:
             self.watch.add_module_object(value)  # its attributes are globals too
             if value.__name__.split(".")[0] == "torch" or not isinstance(vars(value), dict):
                 return False  # torch's own modules are torch's state
+            if value is os and names & {"getenv", "getenvb"}:
+                names = names | {"environ"}  # ``os.getenv("X")`` reads os.environ
             return self._guard_attributes(source, vars(value), names, value.__name__, depth, uses)
         if isinstance(value, types.FunctionType):
             guards.guard(source, "ID_MATCH")  # a helper rebound: its code is another
+            if free_state.reads_environment(value):  # ``from os import getenv``
+                self._guard_reached(AttrSource(self.tx.import_source("os"), "environ"), os.environ, "os", "environ", depth + 1)
+            return False
+        if not isinstance(value, type) and isinstance(free_state._wrapped(value), types.FunctionType):
+            guards.guard(source, "ID_MATCH")  # an ``lru_cache`` getter: the code it runs is followed
             return False
         if isinstance(value, types.MethodType):
             guards.guard(source, "ID_MATCH")
@@ -576,10 +584,22 @@ class FrameState:
             return retry
         if is_code_object(value) and not isinstance(value, type):
             return False  # builtins, torch's ops
-        if is_immutable_constant(value) or (isinstance(value, PLAIN_MUTABLE) and free_state.holds_constants(value)):
+        if is_immutable_constant(value) or (type(value) in PLAIN_MUTABLE and free_state.holds_constants(value)):
             guards.constant(source, value)
             self.record.free_reads.append((owner, name, value))
             return False
+        if isinstance(value, dict) and type(value) is not dict and free_state.holds_constants(dict(value)):
+            # an EasyDict, an AttrDict made of a dict: its class and items
+            held, cls = copy.deepcopy(dict(value)), type(value)
+            guards.guard(source, "ID_MATCH")
+            guards.lambda_(source, lambda obj: type(obj) is cls and dict(obj) == held, f" holds {held!r}")
+            self.record.free_reads.append((owner, name, (cls.__qualname__, held)))
+            if not hasattr(value, "__dict__"):
+                return False
+            # and its instance attributes, which attribute syntax finds first
+            guards.keys(source)
+            attrs = vars(value)
+            return self._guard_attributes(source, attrs, set(attrs), f"{owner}.{name}", depth, free_state.Uses())
         if type(value) in (dict, list, tuple) and len(value) <= _MAX_ITEMS_GUARDED:
             # a container of other things (a hook registry, ``G["args"]``): which one it is,
             # and its items as values reached through it (a dict's by the keys the code
@@ -635,11 +655,17 @@ class FrameState:
                 self.record.shared_objects.append(value)
                 return True
             return False
-        held = free_state.mapping_items(value)
-        if held is not None:
+        slots = free_state.slot_values(value)
+        if slots is not None:  # a ``__slots__`` config object: every slot (a property may serve one)
             guards.guard(source, "ID_MATCH")
-            guards.lambda_(source, lambda obj: free_state.mapping_items(obj) == held, f" holds {held!r}")
-            self.record.free_reads.append((owner, name, held))
+            return self._guard_attributes(source, slots, set(slots), f"{owner}.{name}", depth, free_state.Uses())
+        snapshot = free_state.state_snapshot(value)
+        if snapshot is free_state.UNREADABLE:
+            self._refuse_changed(owner, name, "", opaque=type(value).__qualname__)
+        if snapshot is not None:  # os.environ, a ContextVar, a numpy array, an array.array
+            guards.guard(source, "ID_MATCH")
+            guards.lambda_(source, lambda obj: free_state.state_snapshot(obj) == snapshot, f" holds {snapshot!r:.200}")
+            self.record.free_reads.append((owner, name, snapshot))
             return False
         # Other objects (loggers, locks, torch's own): not state the program depends on.
         return False

@@ -443,6 +443,8 @@ def _functions_of(value: Any) -> list[types.FunctionType]:
         value = value.__func__
     elif isinstance(value, functools.partial):
         value = value.func
+    elif not isinstance(value, (types.FunctionType, type)) and isinstance(_wrapped(value), types.FunctionType):
+        value = _wrapped(value)  # an ``lru_cache`` getter: the function it calls on a miss
     if isinstance(value, types.FunctionType):
         return [value]
     if isinstance(value, type) and value.__module__ not in ("builtins",):
@@ -454,6 +456,14 @@ def _functions_of(value: Any) -> list[types.FunctionType]:
                 out.append(attr)
         return out
     return []
+
+
+def _wrapped(value: Any) -> Any:
+    """The function a C-level wrapper (``functools.lru_cache``) calls, or None."""
+    try:
+        return inspect.getattr_static(value, "__wrapped__", None) if callable(value) else None
+    except Exception:
+        return None
 
 
 def _functions_with(codes: list[types.CodeType]) -> dict[types.CodeType, list[types.FunctionType]]:
@@ -503,6 +513,11 @@ def _static_attr(value: Any, name: str) -> Any:
         return v.__func__
     if isinstance(v, property):
         return v.fget if v.fget is not None else _NOTHING
+    if isinstance(v, types.MemberDescriptorType) and not isinstance(value, type):
+        try:  # a slot's value (no user code runs)
+            return v.__get__(value, type(value))
+        except AttributeError:
+            return _NOTHING
     return v
 
 
@@ -802,6 +817,63 @@ def mapping_items(value: Any) -> Any:
     return None
 
 
+_MAX_SNAPSHOT = 4096  # elements of an array a guard copies
+
+
+def state_snapshot(value: Any) -> Any:
+    """A comparable copy of what an object of a library class holds, where its state is not
+    attributes a guard can read: a ``ContextVar``'s value, a numpy array's or
+    ``array.array``'s contents, a ``deque`` of constants, a mapping of another library
+    (``os.environ``). None: not such an object. ``UNREADABLE``: such an object whose state
+    cannot be copied (a ContextVar holding an object, a large or object array)."""
+    import array
+    import collections
+    import contextvars
+
+    from .values import MISSING, is_immutable_constant
+
+    if isinstance(value, contextvars.ContextVar):
+        held = value.get(MISSING)
+        return ("contextvar", held) if held is MISSING or is_immutable_constant(held) else UNREADABLE
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, np.ndarray):
+        if value.dtype.hasobject or value.size > _MAX_SNAPSHOT:
+            return UNREADABLE
+        return ("ndarray", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, array.array):
+        return ("array", value.typecode, value.tobytes()) if len(value) <= _MAX_SNAPSHOT else UNREADABLE
+    if isinstance(value, collections.deque):
+        held = tuple(value)
+        return ("deque", held) if is_immutable_constant(held) else UNREADABLE
+    items = mapping_items(value)
+    if items is not None:
+        return ("mapping", items)
+    return None
+
+
+UNREADABLE = ("<unreadable>",)
+
+
+def slot_values(value: Any) -> dict[str, Any] | None:
+    """The slots a user class's instance holds (``__slots__``, no ``__dict__``), or None."""
+    cls = type(value)
+    if hasattr(value, "__dict__") or not is_user_class(cls) or cls.__module__ == "builtins":
+        return None
+    out: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        slots = vars(klass).get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            v = _static_attr(value, name)
+            if v is not _NOTHING and name not in out:
+                out[name] = v
+    return out
+
+
+def reads_environment(value: Any) -> bool:
+    """``os.getenv`` (bound by name or reached through ``os``): reads ``os.environ``."""
+    return value is os.getenv or value is getattr(os, "getenvb", None)
+
+
 def _code_print(fn: Any) -> Any:
     """What a function is, comparable across processes: its name and bytecode."""
     code = getattr(fn, "__code__", None)
@@ -829,7 +901,9 @@ class BackwardRead:
     module: str | None  # the module whose globals hold it; None for a closure variable
     name: str
     chain: tuple[Any, ...]  # attribute names, or ("[]", key) for an item
-    kind: str  # "value", "len", "items" (a mapping's), "code" (a function's print)
+    # "value", "len", "code" (a function's print), "state" (state_snapshot), "dict" (a
+    # dict subclass's items)
+    kind: str
     value: Any
     cell: Any = None
     code_name: str = ""  # the code reading a closure variable
@@ -856,8 +930,10 @@ class BackwardRead:
             return MISSING
         if self.kind == "len":
             return len(v) if hasattr(v, "__len__") else MISSING
-        if self.kind == "items":
-            return mapping_items(v)
+        if self.kind == "state":
+            return state_snapshot(v)
+        if self.kind == "dict":
+            return dict(v) if isinstance(v, dict) else MISSING
         if self.kind == "code":
             return _code_print(v)
         return v
@@ -879,6 +955,10 @@ def _step(value: Any, step: Any) -> Any:
         return vars(value).get(step, _NOTHING)
     if isinstance(value, torch.nn.Module) and step in value._modules:
         return value._modules[step]
+    if is_namespace(value):  # a threading.local's dict is this thread's: no static lookup
+        held = vars(value)
+        if step in held:
+            return held[step]
     return _static_attr(value, step)
 
 
@@ -914,6 +994,8 @@ def _reach(at: BackwardRead, value: Any, uses: Uses, names: set[str], depth: int
         if value.__name__.split(".")[0] == "torch" or not isinstance(vars(value), dict):
             return
         held = vars(value)
+        if value is os and wanted & {"getenv", "getenvb"}:
+            wanted = wanted | {"environ"}
         for attr in sorted(wanted & held.keys()):
             if attr[:2] != "__":
                 _reach(then(attr), held[attr], uses.of(attr), names, depth + 1, out)
@@ -921,6 +1003,11 @@ def _reach(at: BackwardRead, value: Any, uses: Uses, names: set[str], depth: int
     if isinstance(value, types.FunctionType):
         if is_user_code(value.__code__.co_filename):  # a library's functions are not rebound
             keep("code", _code_print(value))
+        elif reads_environment(value):
+            _reach(dataclasses.replace(at, module="os", name="environ", chain=(), cell=None), os.environ, Uses(), names, depth + 1, out)
+        return
+    if not isinstance(value, type) and isinstance(_wrapped(value), types.FunctionType):  # lru_cache
+        keep("code", _code_print(_wrapped(value)))
         return
     if isinstance(value, types.MethodType):
         if is_user_code(getattr(value.__func__, "__code__", None) and value.__func__.__code__.co_filename or ""):
@@ -935,10 +1022,15 @@ def _reach(at: BackwardRead, value: Any, uses: Uses, names: set[str], depth: int
         if is_user_class(value) and value.__module__ != "builtins":
             _reach_class(at, value, wanted, names, depth, out)
         return
-    if is_immutable_constant(value) or (isinstance(value, PLAIN_MUTABLE) and holds_constants(value)):
+    if is_immutable_constant(value) or (type(value) in PLAIN_MUTABLE and holds_constants(value)):
         keep("value", copy_constant(value))
         return
-    if type(value) in (dict, list, tuple) and len(value) <= _MAX_ITEMS:
+    if isinstance(value, dict) and type(value) is not dict and holds_constants(dict(value)):
+        keep("dict", copy_constant(dict(value)))  # an EasyDict, an AttrDict made of a dict
+        if not hasattr(value, "__dict__"):
+            return
+        # and its instance attributes, as a user object's (below)
+    elif isinstance(value, (dict, list, tuple)) and len(value) <= _MAX_ITEMS:
         keep("len", len(value))
         items = value.items() if isinstance(value, dict) else enumerate(value)
         for key, item in list(items):
@@ -954,23 +1046,32 @@ def _reach(at: BackwardRead, value: Any, uses: Uses, names: set[str], depth: int
             held = dict(vars(value))
         except TypeError:
             return
-        if isinstance(value, torch.nn.Module):
+        module = isinstance(value, torch.nn.Module)
+        if module:
             held.update(value._modules)
-        for attr in sorted(wanted):
+        # A config object's every setting, not only the names the code reads: a property or
+        # its own __getattr__ serves those from others (``self._g``, ``self._d[name]``)
+        for attr in sorted(wanted | (set() if module else held.keys())):
             if attr[:2] == "__":
                 continue
             if attr in held:
-                _reach(then(attr), held[attr], uses.of(attr), names, depth + 1, out)
-            elif not isinstance(value, torch.nn.Module) and _static_attr(type(value), attr) is _NOTHING:
+                _reach(then(attr), held[attr], uses.of(attr) if attr in wanted else Uses(), names, depth + 1, out)
+            elif not module and _static_attr(type(value), attr) is _NOTHING:
                 # ``getattr(cfg, "margin", 1.0)``: a setting the user may add later
                 out.setdefault((at.module, at.name, id(at.cell), at.chain + (attr,), "value"),
                                dataclasses.replace(then(attr), kind="value", value=MISSING))
         if type(value).__module__ != "builtins" and is_user_class(type(value)):
             _reach_class(at, type(value), wanted - held.keys(), names, depth, out)
         return
-    items = mapping_items(value)
-    if items is not None:  # os.environ
-        keep("items", items)
+    slots = slot_values(value)
+    if slots is not None:  # a ``__slots__`` config object: every slot
+        for attr, v in slots.items():
+            _reach(then(attr), v, Uses(), names, depth + 1, out)
+        _reach_class(at, type(value), wanted - slots.keys(), names, depth, out)
+        return
+    snapshot = state_snapshot(value)
+    if snapshot is not None:  # os.environ, a ContextVar, a numpy array
+        keep("state", snapshot)
 
 
 def _reach_class(at: BackwardRead, cls: type, wanted: set[str], names: set[str], depth: int, out: dict) -> None:

@@ -12,13 +12,18 @@ between calls, and compares outputs and every attribute of the weight after each
 
 from __future__ import annotations
 
+import array
+import collections
+import contextvars
 import dataclasses
+import functools
 import os
 import random
 import sys
 import threading
 import types
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._pytree import tree_map_only
@@ -1034,3 +1039,222 @@ def test_globals_advanced_through_their_methods(backend):
         assert _stateful_globals() == after_eager, f"call {call + 1}"
         torch.testing.assert_close(oc, oe)
         assert wc.op_id == we.op_id
+
+
+# ------------------------------------------- settings held by library objects and odd config classes
+# (an outside tester's finds: each was replayed as first traced, silently)
+
+ENV_GAIN = "DYNAMO_EXT_TEST_GAIN"
+GAIN_ARRAY = np.array([2.0])
+GAIN_CARRAY = array.array("d", [2.0])
+GAIN_VAR = contextvars.ContextVar("dynamo_ext_test_gain", default=2.0)
+GAIN_QUEUE = collections.deque([2.0], maxlen=1)
+LRU_SETTINGS = {"gain": 2.0}
+
+
+@functools.lru_cache(None)
+def lru_gain():
+    return LRU_SETTINGS["gain"]
+
+
+class EasyDict(dict):
+    """A config dict read by attribute (the easydict package's shape)."""
+
+    __getattr__ = dict.__getitem__
+
+
+class SlottedConfig:
+    __slots__ = ("gain",)
+
+    def __init__(self):
+        self.gain = 2.0
+
+
+EASY = EasyDict(gain=2.0)
+SLOTTED = SlottedConfig()
+
+
+class ReadsGetenv(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return float(os.getenv(ENV_GAIN, "2.0"))
+
+
+class ReadsArray(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return float(GAIN_ARRAY[0])
+
+
+class ReadsCArray(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return GAIN_CARRAY[0]
+
+
+class ReadsContextVar(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return GAIN_VAR.get()
+
+
+class ReadsDeque(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return GAIN_QUEUE[0]
+
+
+class ReadsCachedGetter(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return lru_gain()
+
+
+class ReadsEasyDict(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return EASY.gain
+
+
+class ReadsSlots(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return SLOTTED.gain
+
+
+def _set_library_gain(cls, v):
+    if cls is ReadsGetenv:
+        os.environ[ENV_GAIN] = str(v)
+    elif cls is ReadsArray:
+        GAIN_ARRAY[0] = v
+    elif cls is ReadsCArray:
+        GAIN_CARRAY[0] = v
+    elif cls is ReadsContextVar:
+        GAIN_VAR.set(v)
+    elif cls is ReadsDeque:
+        GAIN_QUEUE.append(v)
+    elif cls is ReadsCachedGetter:
+        LRU_SETTINGS["gain"] = v
+        lru_gain.cache_clear()
+    elif cls is ReadsEasyDict:
+        EASY["gain"] = v
+    else:
+        SLOTTED.gain = v
+
+
+LIBRARY_HOLDERS = [ReadsGetenv, ReadsArray, ReadsCArray, ReadsContextVar, ReadsDeque, ReadsCachedGetter, ReadsEasyDict, ReadsSlots]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cls", LIBRARY_HOLDERS, ids=lambda c: c.__name__)
+def test_a_setting_a_library_object_holds(backend, cls):
+    """``os.getenv``, a numpy array or ``array.array`` changed in place, a ``ContextVar``, a
+    ``deque``, an ``lru_cache`` getter cleared when its setting changes, an EasyDict, a
+    ``__slots__`` config: each is guarded (by what it holds, or through the function it
+    calls), so a change recompiles where it was replayed as first traced."""
+    try:
+        run_side_by_side(cls, lambda v: _set_library_gain(cls, v), [2.0, 3.0, 3.0, 5.0, 2.0], backend, fullgraph=True)
+    finally:
+        _set_library_gain(cls, 2.0)
+        os.environ.pop(ENV_GAIN, None)
+
+
+class AttrConfig:
+    """Settings in a dict its own ``__getattr__`` serves (OmegaConf and ml_collections' shape)."""
+
+    def __init__(self, **kw):
+        object.__setattr__(self, "_d", dict(kw))
+
+    def __getattr__(self, name):
+        try:
+            return self._d[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name, value):
+        self._d[name] = value
+
+
+class PropertyConfig:
+    def __init__(self):
+        self._g = 1.0
+
+    @property
+    def gain(self):
+        return self._g
+
+    @gain.setter
+    def gain(self, v):
+        self._g = v
+
+
+BACKWARD_HOLDERS = {
+    "attr_config": AttrConfig(gain=1.0),
+    "property": PropertyConfig(),
+    "slots": SlottedConfig(),
+    "easydict": EasyDict(gain=1.0),
+}
+
+
+class GainFromHolder(_RecordsBackwardState):
+    @classmethod
+    def gain_now(cls):
+        return CURRENT_HOLDER.gain
+
+
+CURRENT_HOLDER = BACKWARD_HOLDERS["attr_config"]
+
+
+@pytest.mark.parametrize("kind", sorted(BACKWARD_HOLDERS))
+def test_a_config_setting_served_indirectly_changed_before_backward(kind):
+    """A setting the backward reads through a property, the config's own ``__getattr__``,
+    a slot or a dict subclass, changed between the forward and ``backward()``: refused
+    there, where the traced value was used silently (gradients off)."""
+    global CURRENT_HOLDER
+
+    def loss(x, w):
+        return (x * w).sum()
+
+    CURRENT_HOLDER = holder = BACKWARD_HOLDERS[kind]
+    torch._dynamo.reset()
+    try:
+        for f in (loss, torch.compile(loss, backend="aot_eager", fullgraph=False)):
+            x, w = torch.ones(3, requires_grad=True), GainFromHolder(torch.full((3,), 0.5))
+            holder.gain = 1.0
+            out = f(x, w)
+            holder.gain = 3.0
+            if f is loss:
+                out.backward()
+                assert w.backward_gain == 3.0
+            else:
+                with pytest.raises(SubclassWriteError) as info:
+                    out.backward()
+                assert info.value.kind is RefusalKind.CHANGED_BEFORE_BACKWARD and x.grad is None
+    finally:
+        holder.gain = 1.0
+        CURRENT_HOLDER = BACKWARD_HOLDERS["attr_config"]
+
+
+THREAD_SETTINGS = threading.local()
+THREAD_SETTINGS.gain = 1.0
+
+
+class GainFromThread(_RecordsBackwardState):
+    @classmethod
+    def gain_now(cls):
+        return THREAD_SETTINGS.gain
+
+
+def test_a_thread_local_setting_the_backward_reads_unchanged():
+    """A ``threading.local`` setting is read in this thread when the backward runs, as
+    traced: nothing changed, nothing refused (it was refused as changed)."""
+
+    def loss(x, w):
+        return (x * w).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    for f in (loss, compiled):
+        x, w = torch.ones(3, requires_grad=True), GainFromThread(torch.full((3,), 0.5))
+        f(x, w).backward()
+        assert w.backward_gain == 1.0 and _grads(x) == [0.5] * 3
