@@ -263,6 +263,8 @@ class Planner:
             seen[id(out)] = (k, ())
             if _is_subclass(out):
                 self._plan_output_tree(args, out, k, (), extras, planned, seen)
+            else:
+                self._plan_plain_output(args, out, k, extras, planned, seen)
         # A subclass returned as an extra output (a tensor a write holds) is rebuilt the same
         # way: the run-time outputs are the caller's, then the extras.
         j = 0
@@ -320,39 +322,8 @@ class Planner:
             else:
                 seen.setdefault(id(held), place(name))
         if user_class:
-            rebuilt: dict | None = None
-            for name, value in capture.obj_dict(obj).items():
-                if name in inner or is_torch_internal(name):
-                    continue
-                kind = classify(value)
-                if isinstance(value, torch.Tensor) and id(value) in seen:
-                    # ``self.a = self.elem`` outside the flatten list: the same object
-                    # as the rebuilt inner tensor, not a copy of it.
-                    planned.append(PlannedWrite(-1, path, name, ValueFrom.SIBLING, seen[id(value)], output_index=k))
-                elif kind is ValueKind.CONSTANT:
-                    planned.append(PlannedWrite(-1, path, name, ValueFrom.CONSTANT, value, output_index=k))
-                elif kind in (ValueKind.SYMBOLIC, ValueKind.TENSOR):
-                    # a tensor an input held first: the passes agree on where it lives (a graph
-                    # input standing for ``x.elem`` is that tensor in one pass, a copy in another)
-                    entry = self._held_by_input(value) if isinstance(value, torch.Tensor) else None
-                    value_from, where = (ValueFrom.INNER, entry) if entry is not None else _graph_value(args, value, {}, extras)
-                    planned.append(PlannedWrite(-1, path, name, value_from, where, output_index=k))
-                    if isinstance(value, torch.Tensor):
-                        seen[id(value)] = place(name)  # a later place holding the same tensor is set from here
-                else:
-                    # a list, an arbitrary object: nothing carries it to the run-time output,
-                    # which __tensor_unflatten__ builds; refused unless that builds it too (a
-                    # constructor's own empty history)
-                    rebuilt = _rebuilt_state(obj) if rebuilt is None else rebuilt
-                    # (a symbolic int inside, ``Stats(n=s0)``: the rebuilt output holds it too)
-                    if contains_symbolic(value) or not (name in rebuilt and same_value(rebuilt[name], value)):
-                        w = self._written.get((id(obj), name))
-                        bad = refusal_for(value, w.old if w is not None else MISSING, w is not None and w.in_place)
-                        kind, value_type = bad or (RefusalKind.OPAQUE_VALUE, type(value).__name__)
-                        raise SubclassWriteError(
-                            kind, type(obj).__name__, name, value_type,
-                            context="held by an output, which AOTAutograd rebuilds with __tensor_unflatten__",
-                        )
+            attrs = {n: v for n, v in capture.obj_dict(obj).items() if n not in inner and not is_torch_internal(n)}
+            rebuilt = self._plan_held(args, obj, k, path, attrs, extras, planned, seen, _rebuilt_state)
             # What __tensor_unflatten__ alone sets (``r.from_unflatten = True``, a default the
             # constructor dispatch uses does not set): eager's output lacks it.
             held = capture.obj_dict(obj)
@@ -364,6 +335,64 @@ class Planner:
             child = getattr(obj, name, None)
             if _is_subclass(child) and name not in held_inputs and name not in linked and not any(child is a for a in args):
                 self._plan_output_tree(args, child, k, path + (("attr", name),), extras, planned, seen)
+
+    def _plan_held(
+        self, args: Sequence[Any], obj: Any, k: int, path: capture.Path, attrs: dict[str, Any], extras: list[Any],
+        planned: list[PlannedWrite], seen: dict[int, tuple[int, capture.Path]], rebuild: Callable[[Any], dict],
+    ) -> dict | None:
+        """Plan the attributes ``attrs`` an output (or a subclass nested in one) holds outside
+        what torch rebuilds: constants as traced, tensors and symbolic values as extra
+        outputs (or from where an input or an earlier place holds them). Returns what
+        ``rebuild(obj)`` gave, if it was needed."""
+        rebuilt: dict | None = None
+        for name, value in attrs.items():
+            kind = classify(value)
+            if isinstance(value, torch.Tensor) and id(value) in seen:
+                # ``self.a = self.elem`` outside the flatten list: the same object
+                # as the rebuilt inner tensor, not a copy of it.
+                planned.append(PlannedWrite(-1, path, name, ValueFrom.SIBLING, seen[id(value)], output_index=k))
+            elif kind is ValueKind.CONSTANT:
+                planned.append(PlannedWrite(-1, path, name, ValueFrom.CONSTANT, value, output_index=k))
+            elif kind in (ValueKind.SYMBOLIC, ValueKind.TENSOR):
+                # a tensor an input held first: the passes agree on where it lives (a graph
+                # input standing for ``x.elem`` is that tensor in one pass, a copy in another)
+                entry = self._held_by_input(value) if isinstance(value, torch.Tensor) else None
+                value_from, where = (ValueFrom.INNER, entry) if entry is not None else _graph_value(args, value, {}, extras)
+                planned.append(PlannedWrite(-1, path, name, value_from, where, output_index=k))
+                if isinstance(value, torch.Tensor):
+                    seen[id(value)] = (k, path + (("attr", name),))  # a later place holding it is set from here
+            else:
+                # a list, an arbitrary object: nothing carries it to the run-time output,
+                # which torch builds; refused unless that builds it too (a constructor's own
+                # empty history)
+                rebuilt = rebuild(obj) if rebuilt is None else rebuilt
+                # (a symbolic int inside, ``Stats(n=s0)``: the rebuilt output holds it too)
+                if contains_symbolic(value) or not (name in rebuilt and same_value(rebuilt[name], value)):
+                    w = self._written.get((id(obj), name))
+                    bad = refusal_for(value, w.old if w is not None else MISSING, w is not None and w.in_place)
+                    kind, value_type = bad or (RefusalKind.OPAQUE_VALUE, type(value).__name__)
+                    raise SubclassWriteError(
+                        kind, type(obj).__name__, name, value_type,
+                        context="held by an output, which AOTAutograd builds anew at run time",
+                    )
+        return rebuilt
+
+    def _plan_plain_output(
+        self, args: Sequence[Any], out: torch.Tensor, k: int, extras: list[Any], planned: list[PlannedWrite],
+        seen: dict[int, tuple[int, capture.Path]],
+    ) -> None:
+        """Note [Attributes on a plain output]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        Dispatch may return a plain tensor it tagged (``out.scale = ...``, ``out.src =
+        func.__name__``, as activation-quantization code does). In eager the caller gets
+        that tensor with its attributes; the compiled graph returns a new plain tensor. Its
+        attributes (those a fresh trace tensor of its class lacks: torch's own bookkeeping
+        of FakeTensor and FunctionalTensor is left out) are planned as a subclass output's
+        are. An outside tester found them lost on AOT backends (stock too)."""
+        own = _trace_tensor_keys(type(out), args)
+        attrs = {n: v for n, v in capture.obj_dict(out).items() if n not in own and not is_torch_internal(n)}
+        if attrs:
+            self._plan_held(args, out, k, (), attrs, extras, planned, seen, lambda _: {})
 
     def _held_by_input(self, value: Any) -> tuple[int, capture.Path, str] | None:
         """(input, path, name) where an input of the latest pass held ``value`` when it started."""
@@ -849,6 +878,42 @@ def _tensors_read(scope: Scope) -> dict[tuple[int, str], Any]:
             if isinstance(d.get(name), torch.Tensor):
                 found[(id(t.obj), name)] = d[name]
     return found
+
+
+def _trace_tensor_keys(cls: type, args: Sequence[Any]) -> set[str]:
+    """The instance-dict names torch gives a trace tensor of ``cls`` (a FunctionalTensor's
+    ``elem``, a FakeTensor's memos): those every tensor of that class among the pass's
+    inputs and their inner tensors holds (a fresh one when none is found)."""
+    refs = [
+        leaf for leaf in _plain_leaves(args) if type(leaf) is cls
+    ]
+    if not refs:
+        return set(_fresh_keys(cls))
+    keys = set(capture.obj_dict(refs[0]))
+    for r in refs[1:]:
+        keys &= set(capture.obj_dict(r))
+    return keys | set(_fresh_keys(cls))
+
+
+def _plain_leaves(args: Sequence[Any]) -> Iterator[torch.Tensor]:
+    stack = [a for a in pytree.tree_leaves(list(args)) if isinstance(a, torch.Tensor)]
+    while stack:
+        t = stack.pop()
+        if _is_subclass(t):
+            stack.extend(v for v in (getattr(t, n, None) for n in capture._flatten_names(t)) if isinstance(v, torch.Tensor))
+        else:
+            yield t
+
+
+@functools.lru_cache(maxsize=None)
+def _fresh_keys(cls: type) -> frozenset[str]:
+    """What torch's own trace tensor classes set on every instance, found on one made here."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    if issubclass(cls, FakeTensor):
+        with FakeTensorMode():
+            return frozenset(vars(torch.empty(0)))
+    return frozenset({"elem"}) if cls.__name__ == "FunctionalTensor" else frozenset()
 
 
 def _rebuilt_state(obj: Any) -> dict:

@@ -80,7 +80,7 @@ def attr_state(obj: Any, depth: int = 0) -> dict[str, Any]:
             if twin is not None:
                 state[name] = ("same_as", twin)
                 continue
-            inner = attr_state(value, depth + 1) if is_traceable_wrapper_subclass(value) and depth < 2 else None
+            inner = attr_state(value, depth + 1) if depth < 2 else None  # a plain tensor's tags too
             state[name] = ("tensor", type(value).__name__, plain(value), inner)
         else:
             state[name] = ("value", value)
@@ -148,8 +148,7 @@ def assert_same_outputs(eager: Any, compiled: Any) -> None:
         if isinstance(e, torch.Tensor):
             assert type(e) is type(c), f"output {i}: {type(e)} vs {type(c)}"
             torch.testing.assert_close(plain(c), plain(e))
-            if is_traceable_wrapper_subclass(e):
-                assert_same_state(e, c, f"output[{i}]")
+            assert_same_state(e, c, f"output[{i}]")  # a plain output dispatch tagged too
         else:
             assert e == c, f"output {i}: {e} vs {c}"
 

@@ -656,3 +656,65 @@ def test_an_intermediate_records_a_tensor_its_constructor_set(backend):
         assert ye.used is ye.ref
         assert yc.used is yc.ref, f"call {call + 1}"
         torch.testing.assert_close(yc.ref.elem, ye.ref.elem)
+
+
+class TagsItsResults(torch.Tensor):
+    """A weight-only wrapper whose dispatch returns plain tensors and tags them (the source
+    op, an absmax scale), as activation-quantization code does; with ``KEEP`` it also keeps
+    the last result on the weight."""
+
+    KEEP = False
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem):
+        self.elem = elem
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
+        out.src = func.__name__
+        out.scale = out.abs().amax() / 127
+        if cls.KEEP:
+            next(a for a in args if isinstance(a, cls)).last_out = out
+        return out
+
+
+class KeepsTaggedResults(TagsItsResults):
+    KEEP = True
+
+
+def _mm_only(x, w):
+    return torch.mm(x, w)
+
+
+def _mm_and_more(x, w):
+    h = torch.mm(x, w)
+    return h, h.relu()
+
+
+def _mm_summed(x, w):
+    return torch.mm(x, w).sum()
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize(
+    "cls,fn",
+    [(TagsItsResults, _mm_only), (TagsItsResults, _mm_and_more), (KeepsTaggedResults, _mm_summed)],
+    ids=["returned", "returned_and_used", "kept_on_the_weight"],
+)
+def test_a_plain_result_dispatch_tagged(backend, cls, fn):
+    """Note [Attributes on a plain output]: the plain tensor dispatch returns holds its tags
+    after the compiled call, returned or kept on the weight (lost on AOT backends before)."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 4, generator=g), torch.randn(4, 3, generator=g)
+    differential(fn, lambda: [x.clone(), cls(w.clone())], backend=backend, calls=2)
