@@ -27,6 +27,8 @@ bytecode (nothing of ours runs per call).  Upstream request: pytorch #130028.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import dataclasses
 import functools
@@ -35,7 +37,7 @@ import math
 import os
 import sys
 import types
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, Iterator, NoReturn
 
 import torch
 import torch.fx
@@ -95,6 +97,7 @@ class FrameState:
         self.symbols: set[Any] = set()
         self.symbolic_ctx: dict[int, dict[str, Any]] = {}
         self.watch = free_state.ModuleWatch()  # module globals dispatch must leave alone
+        self._inference_guarded = False  # See Note [Inference mode while traced]
         self.stored: set[tuple[int, str]] = set()  # (object, attribute) written by residual bytecode
         # the sources of attributes dispatch wrote on objects the frame has sources for (See
         # Note [Values read before dispatch wrote them])
@@ -502,6 +505,7 @@ class FrameState:
                     hint="Test for a plain tensor with isinstance(t, torch.Tensor) and not "
                     "torch.utils._python_dispatch.is_traceable_wrapper_subclass(t).",
                 )
+        self._guard_inference_mode()
         reads = list(self.collector.reads())
         stored_globals = self._stored_globals() if reads else set()
         for r in reads:
@@ -524,6 +528,34 @@ class FrameState:
                 holder = self.tx.output.install_global_by_id("__dynamo_ext_class", cls)
                 retry |= self._guard_class_state(GlobalSource(holder), cls)
         return retry
+
+    def _guard_inference_mode(self) -> None:
+        """Note [Inference mode while traced]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        Dynamo turns ``torch.inference_mode`` off while it compiles (it is on again when the
+        compiled code runs), so dispatch code reading ``torch.is_inference_mode_enabled()``
+        is answered False in every trace, where eager's answer is the caller's. Where the
+        code the op runs names it: a compile under inference mode refuses the op
+        (``unsupported_state_read``; eager under ``fullgraph=False``), and any other is
+        guarded on inference mode being off, so a later call under it compiles again (and
+        refuses). An outside tester found the traced False written and branched on."""
+        if "is_inference_mode_enabled" not in self.collector.names or self._inference_guarded:
+            return
+        if CALLER_INFERENCE_MODE.get():
+            _refuse(
+                RefusalKind.UNSUPPORTED_STATE_READ, next(iter(self.scope.tracked.values())), "is_inference_mode_enabled()",
+                "bool", "the call runs under torch.inference_mode, which Dynamo turns off while it traces: dispatch "
+                "would read False where eager reads True",
+                hint="Compile the function under torch.no_grad() instead, or let the op run eagerly "
+                "(fullgraph=False graph-breaks there).",
+            )
+        from torch._dynamo.source import GlobalSource
+
+        self._inference_guarded = True
+        holder = self.tx.output.install_global_by_id("__dynamo_ext_torch", torch)
+        guards.lambda_(
+            GlobalSource(holder), lambda t: not t.is_inference_mode_enabled(), ".is_inference_mode_enabled() is False"
+        )
 
     def _guard_reached(
         self, source: Any, value: Any, owner: str, name: str, depth: int = 0, uses: free_state.Uses = free_state.Uses()
@@ -1334,6 +1366,28 @@ class _Checkpoint:
                 capture.obj_dict(t.obj).update(t.entry)
         del scope.events[self.n_events :]
         scope._settled_upto = min(scope._settled_upto, self.n_events)
+
+
+#: Whether the frame Dynamo is compiling was called under ``torch.inference_mode`` (Dynamo
+#: turns it off while it compiles). See Note [Inference mode while traced].
+CALLER_INFERENCE_MODE: contextvars.ContextVar[bool] = contextvars.ContextVar("dynamo_ext_inference_mode", default=False)
+
+
+def make_inference_mode_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``maybe_disable_inference_mode`` as convert_frame binds it: notes
+    the caller's inference mode before Dynamo turns it off for the compile."""
+
+    @functools.wraps(original)
+    @contextlib.contextmanager
+    def maybe_disable_inference_mode() -> Iterator[None]:
+        token = CALLER_INFERENCE_MODE.set(torch.is_inference_mode_enabled())
+        try:
+            with original():
+                yield
+        finally:
+            CALLER_INFERENCE_MODE.reset(token)
+
+    return maybe_disable_inference_mode
 
 
 def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., Any]:

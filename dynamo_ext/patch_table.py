@@ -42,6 +42,15 @@ TABLE: list[Patch] = [
         "from here.",
     ),
     Patch(
+        "torch._dynamo.convert_frame",
+        "maybe_disable_inference_mode",
+        dynamo_layer.make_inference_mode_hook,
+        why="Dynamo turns inference mode off while it compiles; dispatch reading "
+        "torch.is_inference_mode_enabled() would be answered False where eager reads the "
+        "caller's mode (See Note [Inference mode while traced]): the caller's mode is noted here.",
+        defined_here=False,  # defined in torch._dynamo.utils, called through convert_frame's binding
+    ),
+    Patch(
         "torch._dynamo.guards",
         "deepcopy",
         dynamo_layer.make_guard_deepcopy,

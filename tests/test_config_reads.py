@@ -1258,3 +1258,35 @@ def test_a_thread_local_setting_the_backward_reads_unchanged():
         x, w = torch.ones(3, requires_grad=True), GainFromThread(torch.full((3,), 0.5))
         f(x, w).backward()
         assert w.backward_gain == 1.0 and _grads(x) == [0.5] * 3
+
+
+class RecordsInferenceMode(ScaledWeight):
+    """Dispatch records whether inference mode is on and scales by it."""
+
+    @classmethod
+    def scale_of(cls, w):
+        w.inference = torch.is_inference_mode_enabled()
+        return 2.0 if w.inference else 1.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+def test_inference_mode_dispatch_reads(backend, fullgraph):
+    """Note [Inference mode while traced]: Dynamo compiles with inference mode off. A call
+    under ``torch.inference_mode`` refuses the op (eager under ``fullgraph=False``); a
+    graph compiled outside it is guarded, so a later call under it is not served by it."""
+    torch._dynamo.reset()
+    compiled = torch.compile(mm, backend=backend, fullgraph=fullgraph)
+    x = torch.ones(2, 2)
+    for mode in (False, True, False, True):
+        we, wc = RecordsInferenceMode(torch.ones(2, 2)), RecordsInferenceMode(torch.ones(2, 2))
+        with torch.inference_mode(mode):
+            oe = mm(x, we)
+            if mode and fullgraph:
+                with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: unsupported_state_read"):
+                    compiled(x, wc)
+                assert not hasattr(wc, "inference")  # untouched
+                continue
+            oc = compiled(x, wc)
+        torch.testing.assert_close(oc, oe)
+        assert_same_state(we, wc, f"inference_mode({mode})")
