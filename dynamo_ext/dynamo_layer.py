@@ -1371,23 +1371,51 @@ class _Checkpoint:
 #: Whether the frame Dynamo is compiling was called under ``torch.inference_mode`` (Dynamo
 #: turns it off while it compiles). See Note [Inference mode while traced].
 CALLER_INFERENCE_MODE: contextvars.ContextVar[bool] = contextvars.ContextVar("dynamo_ext_inference_mode", default=False)
+#: The class-level state of the subclasses a compile fakes (See Note [Constructors torch
+#: runs while compiling] in free_state.py).
+COMPILE_WATCH: contextvars.ContextVar[free_state.CompileWatch | None] = contextvars.ContextVar(
+    "dynamo_ext_compile_watch", default=None
+)
 
 
 def make_inference_mode_hook(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Replacement for ``maybe_disable_inference_mode`` as convert_frame binds it: notes
-    the caller's inference mode before Dynamo turns it off for the compile."""
+    """Replacement for ``maybe_disable_inference_mode`` as convert_frame binds it, which
+    spans one frame's compile: notes the caller's inference mode before Dynamo turns it
+    off, and puts back the class-level state of the subclasses the compile faked."""
 
     @functools.wraps(original)
     @contextlib.contextmanager
     def maybe_disable_inference_mode() -> Iterator[None]:
         token = CALLER_INFERENCE_MODE.set(torch.is_inference_mode_enabled())
+        watch = free_state.CompileWatch()
+        watch_token = COMPILE_WATCH.set(watch)
         try:
             with original():
                 yield
         finally:
+            COMPILE_WATCH.reset(watch_token)
             CALLER_INFERENCE_MODE.reset(token)
+            for change in watch.restore():
+                log.debug("put back %s.%s (%s) after the compile", change.module, change.name, change.what)
 
     return maybe_disable_inference_mode
+
+
+def make_fakify_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for builder's ``_wrap_to_fake_tensor_and_record_impl``: a user subclass's
+    class-level state is noted before Dynamo first fakes an instance of it in this compile
+    (See Note [Constructors torch runs while compiling] in free_state.py)."""
+
+    @functools.wraps(original)
+    def _wrap_to_fake_tensor_and_record_impl(e: Any, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+        watch = COMPILE_WATCH.get()
+        if watch is not None and is_traceable_wrapper_subclass(e):
+            watch.add(type(e))
+        return original(e, *args, **kwargs)
+
+    return _wrap_to_fake_tensor_and_record_impl
 
 
 def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -614,10 +614,7 @@ class ModuleWatch:
         stateful = {
             (name, k): (v, _inner_state(v)) for name, ns in self.modules.items() for k, v in ns.items() if type(v) in _STATEFUL
         }
-        class_attrs = {cls: _class_state(cls) for cls in self.classes}
-        class_containers = {
-            cls: {k: _contents(v) for k, v in attrs.items() if type(v) in _CONTAINERS} for cls, attrs in class_attrs.items()
-        }
+        classes = {cls: _class_snapshot(cls) for cls in self.classes}
         cells = {key: (name, cell, _cell_value(cell)) for key, (name, cell) in self.cells.items()}
         cell_containers = {key: _contents(v) for key, (_, _, v) in cells.items() if type(v) in _CONTAINERS}
         generators = _generator_states()
@@ -634,21 +631,8 @@ class ModuleWatch:
                 elif key in cell_containers and not _same_contents(now, cell_containers[key]):
                     changes.append(GlobalChange("<closure>", name, "mutated in place (a closure variable)"))
                     _refill(now, cell_containers[key])
-            for cls, contents in class_containers.items():
-                for key, held in contents.items():
-                    value = vars(cls).get(key)
-                    if value is class_attrs[cls][key] and not _same_contents(value, held):
-                        changes.append(GlobalChange(cls.__module__, f"{cls.__qualname__}.{key}", "mutated in place (a class attribute)"))
-                        _refill(value, held)
-            for cls, attrs in class_attrs.items():
-                now = _class_state(cls)
-                for key in set(now) | set(attrs):
-                    if now.get(key, _ABSENT) is not attrs.get(key, _ABSENT):
-                        changes.append(GlobalChange(cls.__module__, f"{cls.__qualname__}.{key}", "rebound (a class attribute)"))
-                        if key in attrs:
-                            type.__setattr__(cls, key, attrs[key])
-                        else:
-                            type.__delattr__(cls, key)
+            for cls, snapshot in classes.items():
+                changes.extend(_restore_class(cls, snapshot))
             for module_name, (bindings, containers) in before.items():
                 ns = self.modules[module_name]
                 if len(ns) == len(bindings) and all(ns.get(k, _ABSENT) is v for k, v in bindings.items()):
@@ -751,6 +735,59 @@ def _restore_generators(before: list[tuple[str, Any, Any]]) -> list[GlobalChange
 
 def _class_state(cls: type) -> dict[str, Any]:
     return {k: v for k, v in vars(cls).items() if not k.startswith("__") and not k.startswith("_dynamo")}
+
+
+def _class_snapshot(cls: type) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A class's own attributes, and the contents of the containers among them."""
+    attrs = _class_state(cls)
+    return attrs, {k: _contents(v) for k, v in attrs.items() if type(v) in _CONTAINERS}
+
+
+def _restore_class(cls: type, snapshot: tuple[dict[str, Any], dict[str, Any]]) -> list[GlobalChange]:
+    """Put a class's attributes back as ``snapshot`` has them; what was changed."""
+    attrs, containers = snapshot
+    changes = []
+    for key, held in containers.items():
+        value = vars(cls).get(key)
+        if value is attrs[key] and not _same_contents(value, held):
+            changes.append(GlobalChange(cls.__module__, f"{cls.__qualname__}.{key}", "mutated in place (a class attribute)"))
+            _refill(value, held)
+    now = _class_state(cls)
+    for key in set(now) | set(attrs):
+        if now.get(key, _ABSENT) is not attrs.get(key, _ABSENT):
+            changes.append(GlobalChange(cls.__module__, f"{cls.__qualname__}.{key}", "rebound (a class attribute)"))
+            if key in attrs:
+                type.__setattr__(cls, key, attrs[key])
+            else:
+                type.__delattr__(cls, key)
+    return changes
+
+
+class CompileWatch:
+    """Note [Constructors torch runs while compiling]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Compiling builds instances of a subclass eager never builds: Dynamo's and AOTAutograd's
+    fake copies of the inputs, each pass's functional copies, dynamo_ext's own rebuilds,
+    all through ``__tensor_unflatten__`` and so the class's constructor. A constructor that
+    counts at class level (``type(self).created += 1``, an id registry) then counts them
+    (an outside tester found one extra per input under ``fullgraph=False``, stock many
+    more). The class-level state of each user subclass is taken when Dynamo first fakes an
+    instance of it in a compile, and put back when the compile ends: eager semantics know
+    no compile. (Dispatch changing it while traced is refused, ``ModuleWatch``.)"""
+
+    def __init__(self) -> None:
+        self.snapshots: dict[type, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def add(self, cls: type) -> None:
+        for klass in cls.__mro__:
+            if klass not in self.snapshots and klass.__module__ != "builtins" and is_user_class(klass):
+                self.snapshots[klass] = _class_snapshot(klass)
+
+    def restore(self) -> list[GlobalChange]:
+        changes = []
+        for cls, snapshot in self.snapshots.items():
+            changes.extend(_restore_class(cls, snapshot))
+        return changes
 
 
 def _refill(value: Any, contents: Any) -> None:

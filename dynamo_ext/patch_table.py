@@ -45,10 +45,20 @@ TABLE: list[Patch] = [
         "torch._dynamo.convert_frame",
         "maybe_disable_inference_mode",
         dynamo_layer.make_inference_mode_hook,
-        why="Dynamo turns inference mode off while it compiles; dispatch reading "
-        "torch.is_inference_mode_enabled() would be answered False where eager reads the "
-        "caller's mode (See Note [Inference mode while traced]): the caller's mode is noted here.",
+        why="Spans one frame's compile. Dynamo turns inference mode off while it compiles; "
+        "dispatch reading torch.is_inference_mode_enabled() would be answered False where eager "
+        "reads the caller's mode (See Note [Inference mode while traced]): the caller's mode is "
+        "noted here. The class-level state of the subclasses the compile fakes is put back when "
+        "it ends (See Note [Constructors torch runs while compiling]).",
         defined_here=False,  # defined in torch._dynamo.utils, called through convert_frame's binding
+    ),
+    Patch(
+        "torch._dynamo.variables.builder",
+        "_wrap_to_fake_tensor_and_record_impl",
+        dynamo_layer.make_fakify_hook,
+        why="Dynamo fakes a subclass input through its __tensor_unflatten__, running its "
+        "constructor: the class-level state it may count in is noted first, and put back when "
+        "the compile ends (See Note [Constructors torch runs while compiling]).",
     ),
     Patch(
         "torch._dynamo.guards",

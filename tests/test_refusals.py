@@ -468,3 +468,63 @@ def test_the_exact_type_check_is_found_by_its_shape():
 
     assert found(_checks) and found(_counts)
     assert not found(_not_checks)
+
+
+class CountsInstances(torch.Tensor):
+    """Its constructor numbers instances with a class-level counter; dispatch wraps results."""
+
+    created = 0
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem):
+        self.elem = elem
+        type(self).created += 1
+        self.uid = type(self).created
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
+        return cls(out) if isinstance(out, torch.Tensor) else out
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+def test_a_constructor_counting_at_class_level(backend, fullgraph):
+    """Note [Constructors torch runs while compiling]: the fake and functional copies a compile
+    builds run the constructor too; the class counter is put back when the compile ends. The
+    op's own count (dispatch wrapping its result) is refused, and runs eagerly under
+    ``fullgraph=False``: eager's numbers, never the compile's extra ones."""
+
+    def f(x, y):
+        return (x * y).sin()
+
+    def run(fn):
+        x = CountsInstances(torch.arange(3.0))
+        CountsInstances.created = 0
+        seen = []
+        for _ in range(3):
+            try:
+                out = fn(x, torch.ones(3))
+            except torch._dynamo.exc.Unsupported as e:
+                seen.append(("refused", "global_state_write" in str(e), CountsInstances.created))
+                continue
+            seen.append((out.uid, CountsInstances.created))
+        return seen
+
+    torch._dynamo.reset()
+    eager = run(f)
+    compiled = run(torch.compile(f, backend=backend, fullgraph=fullgraph))
+    if fullgraph:
+        assert compiled == [("refused", True, 0)] * 3  # nothing counted by the compiles
+    else:
+        assert compiled == eager
