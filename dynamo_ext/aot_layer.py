@@ -909,10 +909,13 @@ def _plain_leaves(args: Sequence[Any]) -> Iterator[torch.Tensor]:
 def _fresh_keys(cls: type) -> frozenset[str]:
     """What torch's own trace tensor classes set on every instance, found on one made here."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.utils._python_dispatch import _disable_current_modes
 
     if issubclass(cls, FakeTensor):
-        with FakeTensorMode():
-            return frozenset(vars(torch.empty(0)))
+        with _disable_current_modes(), FakeTensorMode():  # outside the tracing modes
+            fresh = torch.empty(0)
+        assert isinstance(fresh, FakeTensor)
+        return frozenset(vars(fresh))
     return frozenset({"elem"}) if cls.__name__ == "FunctionalTensor" else frozenset()
 
 

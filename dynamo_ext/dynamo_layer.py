@@ -98,6 +98,7 @@ class FrameState:
         self.symbolic_ctx: dict[int, dict[str, Any]] = {}
         self.watch = free_state.ModuleWatch()  # module globals dispatch must leave alone
         self._inference_guarded = False  # See Note [Inference mode while traced]
+        self.tensor_reads: dict[str, None] = {}  # real tensors dispatch code reaches outside the tensors
         self.stored: set[tuple[int, str]] = set()  # (object, attribute) written by residual bytecode
         # the sources of attributes dispatch wrote on objects the frame has sources for (See
         # Note [Values read before dispatch wrote them])
@@ -582,8 +583,13 @@ class FrameState:
         object was tracked)."""
         from torch._dynamo.source import AttrSource
 
-        if depth > 3 or isinstance(value, torch.Tensor):
-            return False  # a tensor fake propagation cannot use anyway
+        if isinstance(value, torch.Tensor):
+            # fake propagation cannot compute with it: named if the op fails so (See
+            # _real_tensor_in_fake_propagation)
+            self.tensor_reads.setdefault(f"{owner}.{name}", None)
+            return False
+        if depth > 3:
+            return False
         if not isinstance(value, (types.ModuleType, type)) and not is_immutable_constant(value):
             changed = self._written_by_program(value)
             if changed:  # ``CFG.margin = 3`` / ``TABLE[k] = v`` in the compiled function, then the op
@@ -1287,6 +1293,12 @@ def _propagate(
                 user = _raised_by_user_code(exc)
                 if user is not None:
                     _graph_break(RefusalKind.DISPATCH_RAISED, tracked[0], "<dispatch>", type(user).__name__, repr(user)[:300])
+                if state.tensor_reads and _real_tensor_in_fake_propagation(exc):
+                    _graph_break(
+                        RefusalKind.UNSUPPORTED_STATE_READ, tracked[0], next(iter(state.tensor_reads)), "Tensor",
+                        "dispatch computes with a real tensor it reaches through a global or closure variable "
+                        f"({', '.join(state.tensor_reads)}): the compiled program cannot take it as an input",
+                    )
                 raise
             except BaseException:
                 checkpoint.rollback()
@@ -1301,6 +1313,19 @@ def _propagate(
     finally:
         state._node = outer_node
         state.collector.forget_frame()  # a finished frame keeps its locals (fakes) alive
+
+
+def _real_tensor_in_fake_propagation(exc: BaseException) -> bool:
+    """Fake propagation failed on a real tensor among an op's arguments (FakeTensorMode's
+    "Please convert all Tensors to FakeTensors first")."""
+    for _ in range(6):
+        if "convert all Tensors to FakeTensors" in str(exc):
+            return True
+        inner = exc.__cause__ or exc.__context__
+        if inner is None:
+            return False
+        exc = inner
+    return False
 
 
 def _raised_by_user_code(exc: BaseException) -> BaseException | None:

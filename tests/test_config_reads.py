@@ -1290,3 +1290,45 @@ def test_inference_mode_dispatch_reads(backend, fullgraph):
             oc = compiled(x, wc)
         torch.testing.assert_close(oc, oe)
         assert_same_state(we, wc, f"inference_mode({mode})")
+
+
+GAIN_TENSOR = torch.tensor(2.0)
+
+
+class ComputesWithAGlobalTensor(ScaledWeight):
+    """Its matmul result is multiplied by a module-level gain tensor."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        return out * GAIN_TENSOR if func is aten.mm.default else out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+def test_a_global_tensor_dispatch_computes_with(backend, fullgraph):
+    """A real tensor dispatch reaches through a global cannot be an input of the traced
+    program: refused by name (``unsupported_state_read``), so under ``fullgraph=False`` the op
+    runs eagerly where torch's fake/real mix error was raised."""
+    if fullgraph:
+        torch._dynamo.reset()
+        w = ComputesWithAGlobalTensor(torch.ones(2, 2))
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="unsupported_state_read") as info:
+            torch.compile(mm, backend=backend, fullgraph=True)(torch.ones(2, 2), w)
+        assert "GAIN_TENSOR" in str(info.value) and w.used == 0.0
+        return
+    run_side_by_side(ComputesWithAGlobalTensor, lambda v: GAIN_TENSOR.fill_(v), [2.0, 3.0, 2.0], backend)
+
+
+class ScalesByAGlobalTensor(ScaledWeight):
+    @classmethod
+    def scale_of(cls, w):
+        return GAIN_TENSOR * 1.0  # a real scalar tensor made outside the inputs: a graph constant
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_global_scalar_tensor_dispatch_records(backend):
+    """Fake propagation keeps a real scalar computed from a global tensor as a constant of the
+    graph (it reads the live tensor at run time); the value dispatch records is one too,
+    a plain trace tensor holding torch's own attributes only (none is taken for a tag)."""
+    run_side_by_side(ScalesByAGlobalTensor, lambda v: GAIN_TENSOR.fill_(v), [2.0, 3.0, 2.0], backend, fullgraph=True)
