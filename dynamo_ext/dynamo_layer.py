@@ -799,6 +799,14 @@ class FrameState:
             if not torch._dynamo.config.replay_side_effects:
                 # torch.export (strict) traces with replay off: the write would be dropped.
                 _refuse(RefusalKind.UNREPLAYABLE_ENTRY, t, w.name, type(w.value).__name__)
+        # A value holding a data-dependent symbol (``x.elem.sum().item()``): its graph node
+        # first. Dynamo wants the op that made an unbacked symbol to return it, and checks at
+        # the next node it builds (a count's ``s0 + 1``, made first, failed the compile).
+        early: dict[int, Any] = {}
+        if config.dynamo_layer:
+            for w in writes:
+                if w.tracked.data is not None and _holds_unbacked(w.value) and symbolic_constant(w.value) is MISSING:
+                    early[id(w)] = self._graph_value_vt(w.tracked, w.tracked.data, w)
         for w in writes:
             t = w.tracked
             ref: Ref | None = t.data
@@ -833,7 +841,7 @@ class FrameState:
             if constant is not MISSING:
                 value_vt = _constant_vt(tx, constant)
             else:  # a tensor or a symbolic value
-                value_vt = self._graph_value_vt(t, ref, w)
+                value_vt = early[id(w)] if id(w) in early else self._graph_value_vt(t, ref, w)
             where = ref.source.name if ref.source is not None else f"<intermediate {t.cls_name}>"
             log.debug("write recorded: %s.%s <- %s", where, w.name, type(w.value).__name__)
             tx.output.side_effects.store_attr(vt, w.name, value_vt)
@@ -1313,6 +1321,13 @@ def _propagate(
     finally:
         state._node = outer_node
         state.collector.forget_frame()  # a finished frame keeps its locals (fakes) alive
+
+
+def _holds_unbacked(value: Any) -> bool:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    parts = value if isinstance(value, (tuple, torch.Size)) else (value,)
+    return any(isinstance(p, SYMBOLIC_TYPES) and free_unbacked_symbols(p) for p in parts)
 
 
 def _real_tensor_in_fake_propagation(exc: BaseException) -> bool:

@@ -718,3 +718,46 @@ def test_a_plain_result_dispatch_tagged(backend, cls, fn):
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(2, 4, generator=g), torch.randn(4, 3, generator=g)
     differential(fn, lambda: [x.clone(), cls(w.clone())], backend=backend, calls=2)
+
+
+class RecordsItsSum(torch.Tensor):
+    """Dispatch counts its ops and records a data-dependent statistic (``.item()``), as a
+    loss-scale or amax tracker does."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem):
+        self.elem = elem
+        self.step = 0
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
+        for a in args:
+            if isinstance(a, cls):
+                a.step += 1
+                a.total = a.elem.sum().item()
+        return out
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_data_dependent_value_written_beside_a_counter(backend):
+    """``.item()`` written beside a counter that became symbolic: the compile that follows
+    failed inside Dynamo (an unbacked symbol not returned by the node that made it); the
+    data-dependent value's graph node is made first now."""
+
+    def f(x, y):
+        return (x + y).sin()
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(3, generator=g), torch.randn(3, generator=g)
+    differential(f, lambda: [RecordsItsSum(x.clone()), y.clone()], backend=backend, calls=3)
