@@ -1624,15 +1624,49 @@ def make_guard_deepcopy(original: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     def deepcopy(x: Any, memo: Any = None, *args: Any) -> Any:
+        seeds = dict(memo or {})
         if capture.registered_classes():
-            memo = {} if memo is None else memo
             for path, _ in capture.find_state(x, from_value=True):
                 cur = x
                 if not path:  # the ctx is the state object itself
-                    memo[id(cur)] = cur
+                    seeds[id(cur)] = cur
                 for step in path:
                     cur = capture.follow(cur, (step,))
-                    memo[id(cur)] = cur
-        return original(x, memo, *args)
+                    seeds[id(cur)] = cur
+        copied = original(x, dict(seeds), *args)
+        if not _equal(copied, x):
+            # An object in the ctx equal only to itself (``__eq__`` by identity: shared state
+            # of an unregistered class): its copy would fail the guard on the very frame
+            # that built it. It is kept, so the guard asks for that same object.
+            kept = {id(o): o for o in _equal_only_to_itself(x, lambda o: original(o, dict(seeds)))}
+            if kept:
+                copied = original(x, {**seeds, **kept}, *args)
+        return copied
 
     return deepcopy
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def _equal_only_to_itself(x: Any, deepcopy: Callable[[Any], Any], depth: int = 0) -> Iterator[Any]:
+    """The objects in a ctx (through tuples, lists and dicts) whose deep copy is not equal to
+    them; ``deepcopy`` keeps registered state objects (they are not copied to compare)."""
+    if depth > 4 or is_immutable_constant(x) or capture.is_registered(x):
+        return
+    if type(x) in (tuple, list):
+        for v in x:
+            yield from _equal_only_to_itself(v, deepcopy, depth + 1)
+    elif type(x) is dict:
+        for v in x.values():
+            yield from _equal_only_to_itself(v, deepcopy, depth + 1)
+    else:
+        try:
+            if not _equal(deepcopy(x), x):
+                yield x
+        except Exception:
+            return

@@ -132,3 +132,71 @@ def test_a_registered_object_the_backward_reads(fullgraph):
     torch.testing.assert_close(hc.last_amax, he.last_amax)
     for e, c in ((ae, ac), (be, bc)):
         torch.testing.assert_close(c.grad.elem, e.grad.elem)
+
+
+class UnregisteredState:
+    """Shared state of a class not registered with register_ctx_state, equal only to itself
+    (as shared state objects often define ``__eq__``)."""
+
+    def __init__(self):
+        self.amax = torch.zeros(())
+        self.n = 0
+
+    def __eq__(self, other):
+        return self is other
+
+    def __hash__(self):
+        return id(self)
+
+
+class SharesUnregisteredState(torch.Tensor):
+    @staticmethod
+    def __new__(cls, data, state):
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype, device=data.device)
+
+    def __init__(self, data, state):
+        self._data = data
+        self.state = state
+
+    def __tensor_flatten__(self):
+        return ["_data"], self.state
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["_data"], ctx)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        w = next(a for a in args if isinstance(a, cls))
+        if func is torch.ops.aten.t.default:  # a view shares the state object
+            return cls(w._data.t(), w.state)
+        w.state.amax = torch.maximum(w.state.amax, w._data.abs().max())
+        w.state.n += 1
+        return func(*[a._data if isinstance(a, cls) else a for a in args], **(kwargs or {}))
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+def test_an_unregistered_state_object_equal_only_to_itself(fullgraph):
+    """Its copy in Dynamo's ctx guard was never equal to it: the guard failed on the frame
+    that built it (an AssertionError from Dynamo under ``fullgraph=False`` too, stock as
+    well). The guard keeps the object itself now: the op that changes the object is
+    refused, and runs eagerly under ``fullgraph=False`` with eager's numbers."""
+
+    def f(w, x):
+        return (x @ w.t()).sum()
+
+    def run(fn):
+        g = torch.Generator().manual_seed(0)
+        state = UnregisteredState()
+        w = SharesUnregisteredState(torch.randn(4, 4, generator=g), state)
+        outs = [fn(w, torch.randn(2, 4, generator=g)).item() for _ in range(2)]
+        return outs, state.n, state.amax.item()
+
+    torch._dynamo.reset()
+    eager = run(f)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=fullgraph)
+    if fullgraph:
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext"):
+            run(compiled)
+    else:
+        assert run(compiled) == eager
