@@ -142,6 +142,9 @@ class Planner:
         # closure variables (See Note [State the traced backward reads outside the tensors]
         # in free_state.py)
         self.backward_code: free_state.Collector | None = None
+        # See Note [A backward run for part of the graph]: (writes need every incoming
+        # gradient, writes need every input's gradient, number of incoming gradients)
+        self.whole_backward: tuple[bool, bool, int] | None = None
         self.backward_free: dict[tuple, free_state.BackwardRead] = {}
         # names the traced backward read as the forward wrote them: key -> (real holder, value)
         self.forward_reads: dict[tuple, tuple[Any, Any]] = {}
@@ -422,6 +425,7 @@ class Planner:
         if self.in_joint:
             self.backward_code = free_state.Collector(_JOINT_BOUNDARY)
             late.on_access = self.backward_code.on_access
+            late.call_nodes = {}  # See Note [A backward run for part of the graph]
         late.deferred_guards = self.deferred_guards
         for t in scope.tracked.values():
             if isinstance(t.data, _Where):
@@ -600,8 +604,13 @@ class Planner:
         recorded = self.record.recorded if self.record is not None else {}
         late: dict[tuple, PlannedWrite] = {}
         forward = {(w.input_index, w.path, w.name) for w in self.writes or ()}
+        calls: list[tuple[str, ...] | None] = []  # the graph nodes of each call that wrote
         for scope in self._late:
             events = scope.kept if scope.kept is not None else scope.settle()
+            nodes_of = scope.call_nodes or {}
+            calls.extend(
+                nodes_of.get(id(e)) for e in events if isinstance(e.tracked.data, _Where)
+            )
             for w in scope.net_writes(events):
                 t = w.tracked
                 if not isinstance(t.data, _Where):
@@ -624,6 +633,8 @@ class Planner:
                     raise SubclassWriteError(kind, t.cls_name, w.name, type(w.value).__name__, why)
         self.backward = list(late.values())
         self._late = []
+        if self.backward:
+            self.whole_backward = _whole_backward_needs(self.joint_graph, calls)
         self._check_forward_reads(recorded)
         if self.backward or self.backward_reads or self.tape.decisions:
             self._guard_backward_decisions(forward | {k for k in self.backward_reads if k[2] in recorded.get(id(self.backward_reads[k][0]), ())})
@@ -759,6 +770,7 @@ class Planner:
             backward_checks=tuple(self.backward_checks.items()),
             backward_guards=tuple(self.backward_guards),
             backward_free=tuple(self.backward_free.values()),
+            whole_backward=self.whole_backward,
             entry_reads=tuple(self.entry_reads.values()),
             call_symbols=tuple((expr, *where) for expr, where in self.call_symbols.items()),
             rebuild_gradients=self.rebuild_gradients,
@@ -878,6 +890,52 @@ def _tensors_read(scope: Scope) -> dict[tuple[int, str], Any]:
             if isinstance(d.get(name), torch.Tensor):
                 found[(id(t.obj), name)] = d[name]
     return found
+
+
+def _whole_backward_needs(graph: Any, calls: list[tuple[str, ...] | None]) -> tuple[bool, bool, int]:
+    """Note [A backward run for part of the graph]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Eager's backward runs an op's backward only where a gradient reaches it (an output no
+    loss uses sends none: ``ya.backward()`` leaves ``yb``'s ops alone) and only for inputs
+    whose gradient is wanted (``autograd.grad(y, [x])``, ``backward(inputs=[w])``). The
+    compiled backward runs whole, and its writes are those of the whole traced backward:
+    a count bumped by ``yb``'s ops was bumped where eager's never ran (an outside tester's
+    find, stock too). Each dispatch call that wrote in the traced backward is known by the
+    graph nodes it traced (``Scope.call_nodes``); here, whether every such call depends on
+    every incoming gradient (the joint's tangents) and reaches every input's gradient. Where
+    not, the compiled backward refuses to run for part of the graph (``write_in_backward``)
+    before anything is accumulated: a gradient missing, or an input's gradient not wanted.
+    A call with no node of its own counts as depending on nothing. Returns (needs every
+    incoming gradient, needs every input's gradient, the number of incoming gradients)."""
+    if graph is None:
+        return True, True, 0
+    nodes = {n.name: n for n in graph.nodes}
+    tangents = [n for n in graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
+    output = next((n for n in graph.nodes if n.op == "output"), None)
+
+    def below(start: Sequence[Any]) -> set[Any]:
+        seen, stack = set(start), list(start)
+        while stack:
+            for user in stack.pop().users:
+                if user not in seen:
+                    seen.add(user)
+                    stack.append(user)
+        return seen
+
+    from_tangent = [below([t]) for t in tangents]
+    reached_by_any = set().union(*from_tangent) if from_tangent else set()
+    outs = [o for o in pytree.tree_leaves(output.args if output is not None else ()) if isinstance(o, torch.fx.Node)]
+    gradients = {o for o in outs if o in reached_by_any}
+    every_tangent = every_gradient = True
+    for names in calls:
+        mine = [nodes[n] for n in names or () if n in nodes]
+        if not mine:
+            return True, True, len(tangents)
+        if not all(any(n in reach for n in mine) for reach in from_tangent):
+            every_tangent = False
+        if not gradients <= below(mine):
+            every_gradient = False
+    return not every_tangent, not every_gradient, len(tangents)
 
 
 def _trace_tensor_keys(cls: type, args: Sequence[Any]) -> set[str]:

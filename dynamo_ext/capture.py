@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import itertools
 import os
 import sys
 import threading
@@ -498,6 +499,10 @@ class Scope:
         #: once the trace is over (See Note [Symbolic text in the traced backward]); None:
         #: guarded at once.
         self.deferred_guards: list[Any] | None = None
+        #: The graph nodes traced by the dispatch call each write was made in, by id(Write)
+        #: (the traced backward's scope: See Note [A backward run for part of the graph] in
+        #: aot_layer.py); None: not noted.
+        self.call_nodes: dict[int, tuple[str, ...]] | None = None
 
     # -- tracking -----------------------------------------------------------
 
@@ -815,17 +820,35 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
     if dispatch is not None:
 
         def __torch_dispatch__(klass: type, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            if getattr(_local, "scope", None) is not None:
+            scope = getattr(_local, "scope", None)
+            if scope is not None:
                 args, kwargs = as_eager_passes(func, args, kwargs)
+            graph = _tracing_graph(scope)
+            if graph is not None:
+                first_node, first_event = len(graph.nodes), len(scope.events)
             stack = _local.__dict__.setdefault("dispatching", [])
             stack.append(klass)
             try:
                 return dispatch.__get__(None, klass)(func, types, args, kwargs)
             finally:
                 stack.pop()
+                if graph is not None:
+                    names = tuple(n.name for n in itertools.islice(graph.nodes, first_node, None))
+                    for w in scope.events[first_event:]:  # an inner call's writes are its own
+                        scope.call_nodes.setdefault(id(w), names)
 
         hooks["__torch_dispatch__"] = classmethod(__torch_dispatch__)
     return hooks
+
+
+def _tracing_graph(scope: Scope | None) -> Any:
+    """The FX graph being traced, where the scope notes which nodes its writes came with."""
+    if scope is None or scope.call_nodes is None:
+        return None
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    mode = get_proxy_mode()
+    return mode.tracer.graph if mode is not None else None
 
 
 def dispatching_class() -> type | None:

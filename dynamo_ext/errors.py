@@ -129,7 +129,7 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         Refusal(
             RefusalKind.WRITE_IN_BACKWARD,
             "A write made in the backward that cannot be replayed when the compiled backward runs "
-            "(a gradient's ctx value unknown at run time).",
+            "(a gradient's ctx value unknown at run time; a backward run for part of the graph).",
             "dynamo_ext replays a backward write when the compiled backward runs if its value is a "
             "constant or an int computed from the state the backward read, and the forward does "
             "not write the same attribute; this one is not such a write.",
@@ -139,6 +139,8 @@ REFUSALS: dict[RefusalKind, Refusal] = {
                 "A gradient's flatten ctx is rebuilt as traced, its sizes and counts with each call's "
                 "values: keep other values computed while traced out of the ctx that dispatch gives "
                 "the tensors the backward returns.",
+                "A backward run for part of the graph (autograd.grad of some inputs, an output with no "
+                "gradient whose ops write): run the whole backward, or compile those outputs apart.",
             ),
             "AOTAutograd",
         ),

@@ -141,6 +141,10 @@ class WritePlan:
     #: traced: it must still hold when the compiled backward runs (See Note [State the traced
     #: backward reads outside the tensors] in free_state.py)
     backward_free: tuple[free_state.BackwardRead, ...] = ()
+    #: (the backward's writes need every incoming gradient, need every input's gradient,
+    #: the number of incoming gradients): See Note [A backward run for part of the graph]
+    #: in aot_layer.py
+    whole_backward: tuple[bool, bool, int] | None = None
     entry_reads: tuple[EntryRead, ...] = ()
     #: symbols of the trace whose value in each call the compiled backward needs, each with
     #: where its run-time value is found: ((expression, ValueFrom, value), ...). Held by an
@@ -400,8 +404,11 @@ class Replay:
         versions = [then._version if isinstance(then, torch.Tensor) else None for _, _, then in snapshot]
 
         free = self.plan.backward_free
+        whole = self.plan.whole_backward if writes else None
 
         def before_backward(grad_outputs: Any) -> None:
+            if whole is not None:
+                _check_whole_backward(node, whole, grad_outputs)
             for r in free:
                 if not r.holds():
                     current = r.now()
@@ -453,7 +460,7 @@ class Replay:
                 RefusalKind.WRITE_IN_BACKWARD, type(node).__name__, "<flatten ctx>", "gradient",
                 context="the gradients' ctx is rebuilt on the compiled backward's node, which these outputs do not reach",
             )
-        if snapshot or decisions or free:
+        if snapshot or decisions or free or (whole is not None and (whole[0] or whole[1])):
             node.register_prehook(before_backward)
         if writes:
             node.register_hook(after_backward)
@@ -471,6 +478,31 @@ class Replay:
                 setattr(run_with_replay, attr, getattr(compiled, attr))
         run_with_replay.__wrapped__ = compiled  # type: ignore[attr-defined]
         return run_with_replay
+
+
+def _check_whole_backward(node: Any, whole: tuple[bool, bool, int], grad_outputs: Any) -> None:
+    """Refuse a run of the compiled backward for part of its graph where its writes would
+    differ from eager's (See Note [A backward run for part of the graph] in aot_layer.py)."""
+    needs_every_gradient, needs_every_input, n_tangents = whole
+    why = None
+    if needs_every_gradient and sum(g is not None for g in grad_outputs) < n_tangents:
+        why = "an output of the compiled graph gets no gradient (eager's backward would not run its ops)"
+    elif needs_every_input:
+        for fn, _ in node.next_functions:
+            if fn is None:
+                continue
+            try:
+                wanted = torch._C._will_engine_execute_node(fn)
+            except RuntimeError:  # a leaf autograd.grad captures: wanted
+                wanted = True
+            if not wanted:
+                why = "the gradient of an input is not wanted (autograd.grad, backward(inputs=...)): " "eager's backward would not run the ops that compute it"
+                break
+    if why is not None:
+        raise SubclassWriteError(
+            RefusalKind.WRITE_IN_BACKWARD, "compiled backward", "<writes of the backward>", "partial backward",
+            context=why + "; the compiled backward replays the writes of the whole traced backward",
+        )
 
 
 _TRACED = object()

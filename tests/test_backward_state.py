@@ -657,3 +657,74 @@ def test_a_backward_count_from_an_absent_attribute(order, fullgraph):
                 second.backward()
             assert info.value.kind is RefusalKind.CHANGED_BEFORE_BACKWARD and "bw" in str(info.value)
             assert w.bw == 1 and x.grad.tolist() == [0.5] * 3  # nothing accumulated
+
+
+class CountsBackwardOps(Weight):
+    """Counts the backward's ops it takes part in."""
+
+    @staticmethod
+    def backward_op(w, out):
+        w.bw = w.bw + 1
+        return out
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = Weight.__new__(cls, elem)
+        r.bw = 0
+        return r
+
+
+def _two_losses(x, w, v):
+    return (x * w).sum(), (x * v).sum()
+
+
+def _loss_and_activation(x, w, v):
+    h = x * w * v
+    return h.sum(), h
+
+
+@pytest.mark.parametrize(
+    "case", ["autograd_grad_of_one_input", "backward_inputs", "an_output_without_gradient"]
+)
+def test_a_backward_run_for_part_of_the_graph(case):
+    """Note [A backward run for part of the graph]: eager's backward runs only the ops a
+    gradient reaches and whose inputs' gradients are wanted; the compiled backward would
+    replay the counts of the whole traced backward. Refused where the counts differ, before
+    anything is accumulated."""
+
+    def run(fn):
+        x = torch.ones(3, requires_grad=True)
+        w, v = CountsBackwardOps(torch.full((3,), 2.0)), CountsBackwardOps(torch.full((3,), 3.0))
+        w.requires_grad_(), v.requires_grad_()
+        ya, yb = fn(x, w, v)
+        if case == "autograd_grad_of_one_input":
+            torch.autograd.grad(ya, [x])
+        elif case == "backward_inputs":
+            (ya + yb).backward(inputs=[x])
+        else:
+            ya.backward()
+        return w.bw, v.bw, x.grad
+
+    torch._dynamo.reset()
+    eager = run(_two_losses)
+    with pytest.raises(SubclassWriteError) as info:
+        run(torch.compile(_two_losses, backend="aot_eager", fullgraph=True))
+    assert info.value.kind is RefusalKind.WRITE_IN_BACKWARD
+    assert eager[:2] in ((1, 0), (1, 1), (0, 0))  # eager ran part of the backward
+
+
+def test_a_loss_and_an_activation_returned_backward_of_the_loss():
+    """The common case stays whole: the activation returned beside the loss gets no gradient,
+    but every op that counts is upstream of the loss too, so eager runs all of them."""
+
+    def run(fn):
+        x = torch.ones(3, requires_grad=True)
+        w, v = CountsBackwardOps(torch.full((3,), 2.0)), CountsBackwardOps(torch.full((3,), 3.0))
+        w.requires_grad_(), v.requires_grad_()
+        for _ in range(2):
+            loss, h = fn(x, w, v)
+            loss.backward()
+        return w.bw, v.bw, x.grad.tolist()
+
+    torch._dynamo.reset()
+    assert run(torch.compile(_loss_and_activation, backend="aot_eager", fullgraph=True)) == run(_loss_and_activation)
