@@ -531,14 +531,15 @@ def resolve_symbolic(ctx: Any, values: dict[Any, Any] | None, read: Callable[[An
         return counters.evaluate(ctx.expr, read) if read is not None else MISSING
     if isinstance(ctx, (torch.SymInt, torch.SymFloat)):
         expr = ctx.node.expr
-        if values is None:
-            return MISSING
-        if expr in values:
-            return values[expr]
         free = getattr(expr, "free_symbols", ())
-        if not free or not all(s in values for s in free):
+        if values is None and free:
             return MISSING
-        got = expr.xreplace({s: values[s] for s in free})
+        if free and expr in values:
+            return values[expr]
+        if not all(s in values for s in free):
+            return MISSING
+        # (no free symbol: a SymInt whose expression simplified to a number, ``2``)
+        got = expr.xreplace({s: values[s] for s in free}) if free else expr
         try:
             return int(got) if isinstance(ctx, torch.SymInt) else float(got)
         except (TypeError, ValueError):

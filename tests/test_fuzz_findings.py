@@ -626,6 +626,20 @@ FOUND = [
         "Program(n_inputs=1,steps=(('mul',0,0),),break_after=None,requires_grad=True,calls=3)",
         "aot_eager",
     ),
+    # Under ``dynamic=True`` the output's ctx count is a SymInt whose expression simplified to
+    # a number (``2``); the traced tangent holds it too. Its value in the call was looked up
+    # by its (absent) free symbols, not found, and backward() was refused where
+    # eager runs. A symbolic value with no free symbol is its number now.
+    (
+        "Spec(writes=(Write(op='add',kind='sym_desc',attr='a',in_ctx=False,grows_flatten=False),"
+        "Write(op='add',kind='constant',attr='a',in_ctx=False,grows_flatten=False),"
+        "Write(op='sin',kind='sym_acc',attr='a',in_ctx=True,grows_flatten=False)),"
+        "ctor=(),unflatten=None,getattr_kind=None,getattr_reads=(),ext_reads=(),inner=None,inner_writes=(),"
+        "alias=None,alias_op='mul',alias_use=False)",
+        "Program(n_inputs=1,steps=(('sin',0,0),('sin',0,0)),break_after=None,requires_grad=True,calls=2,"
+        "dynamic=True,batch='same',changes=(),ext_changes=(),break_top=False,reads_globals=False)",
+        "aot_eager",
+    ),
     # ``alias='toggle'`` with an inner subclass: the first result's cache flips to a copy and
     # back to its ``elem``; eager's output holds one inner object under both names, the
     # compiled one held two (the residual write of ``cache`` put a separately rebuilt copy
