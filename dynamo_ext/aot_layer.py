@@ -213,6 +213,7 @@ class Planner:
                 born = born_order.setdefault(id(obj), len(born_order)) if t.born else -1
                 write = dataclasses.replace(write, obj=obj, born=born)
             planned.append(write)
+        _refuse_several_of_one_key(scope, [w.obj for w in planned if w.born >= 0])
         self.passes += 1
         if self.writes is None:
             self.writes = planned
@@ -890,6 +891,23 @@ def _tensors_read(scope: Scope) -> dict[tuple[int, str], Any]:
             if isinstance(d.get(name), torch.Tensor):
                 found[(id(t.obj), name)] = d[name]
     return found
+
+
+def _refuse_several_of_one_key(scope: Scope, made: Sequence[Any]) -> None:
+    """Objects the pass made that eager could have handed out as one (See Note [Two partial
+    embeddings in one graph] in dtensor.py) are refused."""
+    seen: dict[int, Any] = {}
+    for obj in made:
+        one = capture.ONE_PER_KEY.get(type(obj))
+        if one is None or id(obj) in seen:
+            continue
+        key = scope.birth_keys.get(id(obj))
+        if any(type(other) is type(obj) and one.may_share(key, scope.birth_keys.get(oid)) for oid, other in seen.items()):
+            raise SubclassWriteError(
+                RefusalKind.UNSUPPORTED_STATE_READ, type(obj).__name__, "<made by dispatch>", type(obj).__name__,
+                context=one.why,
+            )
+        seen[id(obj)] = obj
 
 
 def _whole_backward_needs(graph: Any, calls: list[tuple[str, ...] | None]) -> tuple[bool, bool, int]:

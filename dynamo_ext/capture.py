@@ -130,6 +130,21 @@ def register_ctx_state(cls: type | None = None, *, replay: Callable[[Any, dict, 
     return register(cls) if cls is not None else register
 
 
+@dataclasses.dataclass(frozen=True)
+class OnePerKey:
+    """Instances of a class eager may hand out as one object where a compiled graph made
+    several (DTensor's sharding cache, keyed on the op's shapes): ``key()`` is called when
+    the trace makes one, ``may_share(a, b)`` says whether eager could give two such keys
+    one object. See Note [Two partial embeddings in one graph] in dtensor.py."""
+
+    why: str
+    key: Callable[[], Any]
+    may_share: Callable[[Any, Any], bool]
+
+
+ONE_PER_KEY: dict[type, OnePerKey] = {}
+
+
 _REBINDERS: list[Callable[[Any, dict[int, Any]], None]] = []
 
 
@@ -503,6 +518,8 @@ class Scope:
         #: (the traced backward's scope: See Note [A backward run for part of the graph] in
         #: aot_layer.py); None: not noted.
         self.call_nodes: dict[int, tuple[str, ...]] | None = None
+        #: id(object made during the scope) -> its key (See OnePerKey)
+        self.birth_keys: dict[int, Any] = {}
 
     # -- tracking -----------------------------------------------------------
 
@@ -814,6 +831,9 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
             finally:
                 scope.constructing.discard(id(obj))
             scope.track(obj, obj).born = True
+            one = ONE_PER_KEY.get(cls)
+            if one is not None:
+                scope.birth_keys[id(obj)] = one.key()
 
         hooks["__init__"] = __init__
     dispatch = _user_dispatch(cls)

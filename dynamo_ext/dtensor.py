@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import sys
 import threading
 from typing import Any, Callable, Iterator
 
@@ -45,6 +46,65 @@ def register_defaults() -> None:
 
     capture.register_ctx_state(MaskBuffer, replay=replay_mask_buffer)
     capture.register_rebinder(rebind_mask_buffers)
+    # Note [Two partial embeddings in one graph]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # In eager, DTensor's sharding cache hands two embeddings of one shape the same
+    # MaskBuffer: the second materialization counts one more (refcount 2, the mask kept until
+    # both are reduced) or raises "conflicting data". A graph traced with static shapes
+    # meets that as a data-dependent comparison (refused by Dynamo); under dynamic shapes the
+    # trace misses the cache and makes one buffer each, so the compiled outputs held two
+    # buffers of refcount 1 where eager's held one (an outside tester's find). A graph whose
+    # passes make more than one is refused.
+    # passes make more than one for ops eager could key alike (the same op, shapes that may
+    # be equal: a symbolic size may be anything) is refused.
+    capture.ONE_PER_KEY[MaskBuffer] = capture.OnePerKey(
+        "two partial embeddings in one compiled region whose lookups may have one shape: in eager "
+        "DTensor's sharding cache gives them one MaskBuffer (counted twice, or a conflict), which "
+        "the compiled graph cannot decide",
+        _schema_key,
+        _may_share,
+    )
+
+
+def _schema_key() -> Any:
+    """The DTensor op making a MaskBuffer, as its sharding cache keys it: (op, the shapes of
+    its arguments, a symbolic size as None); None where no op schema is found on the stack."""
+    from torch.distributed.tensor._op_schema import OpSchema
+
+    frame = sys._getframe(2)
+    for _ in range(16):
+        if frame is None:
+            return None
+        schema = next((v for v in frame.f_locals.values() if isinstance(v, OpSchema)), None)
+        if schema is not None:
+            return (str(schema.op), tuple(_arg_key(a) for a in schema.args_schema))
+        frame = frame.f_back
+    return None
+
+
+def _arg_key(arg: Any) -> Any:
+    shape = getattr(arg, "shape", None)
+    if shape is not None:
+        return ("shape", tuple(d if type(d) is int else None for d in shape))
+    return ("value", arg if type(arg) in (int, float, bool, str, type(None)) else None)
+
+
+def _may_share(a: Any, b: Any) -> bool:
+    """Whether eager's sharding cache could key two ops alike (None: unknown, so yes)."""
+    if a is None or b is None:
+        return True
+    if a[0] != b[0] or len(a[1]) != len(b[1]):
+        return False
+    for (kind_a, x), (kind_b, y) in zip(a[1], b[1]):
+        if kind_a != kind_b:
+            return False
+        if kind_a == "value":
+            if x is not None and y is not None and x != y:
+                return False
+            continue
+        if len(x) != len(y) or any(p is not None and q is not None and p != q for p, q in zip(x, y)):
+            return False
+    return True
 
 
 def rebind_mask_buffers(t: Any, mapping: dict[int, Any]) -> None:
