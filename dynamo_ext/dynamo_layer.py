@@ -1542,6 +1542,10 @@ def _run_frame_eagerly(tx: Any, refusal: Any) -> NoReturn:
     _patches.CODE_MARKS.run_eagerly(tx.f_code)  # so that disable() lifts it
     error = Unsupported(reason)
     error.frame_exec_strategy = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+    # Not "compile up to the previous resumable state" (Dynamo's way with a graph break it
+    # cannot resume from): that graph's outputs would meet eager code's gradients it did not
+    # trace (a subclass where it guessed a plain tensor, an outside tester's find)
+    error.skip_frame = True
     raise error from refusal
 
 

@@ -169,8 +169,14 @@ def holds_traced_identity(value: Any) -> bool:
         return False
     from torch._subclasses.fake_tensor import is_fake
 
+    def fake(o: Any) -> bool:
+        try:  # a subclass's flatten runs user code, which may fail on a half-built object
+            return is_fake(o)
+        except Exception:
+            return False
+
     # type(o), not isinstance: a module-level deprecation proxy warns on __class__
-    traced = {id(o) for o in gc.get_objects() if issubclass(type(o), torch.Tensor) and is_fake(o)}
+    traced = {id(o) for o in gc.get_objects() if issubclass(type(o), torch.Tensor) and fake(o)}
     if ints & traced:
         return True
     return any(str(i) in t or hex(i) in t or f"{i:x}" in t for t in texts for i in traced)

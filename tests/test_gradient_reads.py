@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch._dynamo.utils import counters
 
 import dynamo_ext
 from dynamo_ext.errors import RefusalKind
@@ -458,3 +460,62 @@ def test_a_gradient_whose_count_the_user_changed_after_the_forward_is_refused():
             out.sum().backward()
         assert info.value.kind is RefusalKind.CHANGED_BEFORE_BACKWARD and x.grad is None
     assert expected[1][2][0] == x.elem.n
+
+
+class CachesOnEveryArgument(torch.Tensor):
+    """A weight-only quantized wrapper: dispatch fills a cached copy on every subclass
+    argument (incoming gradients too) and wraps every result."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, strides=elem.stride(), device=elem.device)
+
+    def __init__(self, elem):
+        self.elem = elem
+        self.cache = None
+        self.hits = 0
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        for a in pytree.tree_leaves((args, kwargs)):
+            if isinstance(a, cls):
+                if a.cache is None:
+                    a.cache = (a.elem * 0.5).detach()
+                else:
+                    a.hits += 1
+        out = func(*pytree.tree_map_only(cls, lambda t: t.elem, args), **pytree.tree_map_only(cls, lambda t: t.elem, kwargs or {}))
+        return pytree.tree_map_only(torch.Tensor, cls, out)
+
+
+def test_a_refusal_in_the_traced_backward_runs_the_whole_frame_eagerly():
+    """The traced backward reads ``cache`` on an incoming gradient: refused, and under
+    ``fullgraph=False`` the frame runs eagerly, whole. Dynamo compiled the part before the
+    last op instead (a graph break it cannot resume from), whose output then got a subclass
+    gradient where it traced a plain one: backward() raised (an outside tester's find)."""
+
+    def f(x, w1, w2):
+        h = F.gelu(F.linear(x, w1))  # a statement boundary: a state Dynamo could resume from
+        return F.linear(h, w2)
+
+    def run(fn):
+        torch.manual_seed(0)
+        w1 = torch.randn(16, 8, requires_grad=True)
+        w2 = CachesOnEveryArgument(torch.randn(4, 16))
+        fn(torch.randn(3, 8), w1, w2).sum().backward()
+        return w1.grad.elem if isinstance(w1.grad, CachesOnEveryArgument) else w1.grad, w2.cache, w2.hits
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager = run(f)
+    compiled = run(torch.compile(f, backend="aot_eager", fullgraph=False))
+    torch.testing.assert_close(compiled[0], eager[0])
+    torch.testing.assert_close(compiled[1], eager[1])
+    assert compiled[2] == eager[2]
+    assert counters["stats"]["unique_graphs"] == 0
