@@ -1607,6 +1607,43 @@ def make_tree_flattened_fn_hook(original: Callable[..., Any]) -> Callable[..., A
     return create_tree_flattened_fn
 
 
+def make_create_aot_state_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Note [Written tensors that alias one another]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Tensors dispatch writes are graph outputs. Two of them that alias one another (a cache
+    and a view of it kept as the last result, ``F.linear``'s ``t`` of the weight) make a
+    graph AOTAutograd refuses once subclass inputs are involved (an AssertionError about
+    graph outputs aliasing one another), which under ``fullgraph=False`` raised where eager
+    runs (an outside tester's find; stock drops the writes). Where the plan returns written
+    tensors, that is a dynamo_ext refusal: the frame runs eagerly under ``fullgraph=False``."""
+
+    @functools.wraps(original)
+    def create_aot_state(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except AssertionError as e:
+            planner = pending()
+            written = _written_tensor_names(planner) if planner is not None else []
+            if "alias one another" not in str(e) or not written:
+                raise
+            raise SubclassWriteError(
+                RefusalKind.OPAQUE_VALUE, "traced program", written[0], "Tensor",
+                context="tensors dispatch writes (" + ", ".join(written) + ") alias one another as outputs of the "
+                "graph, which AOTAutograd refuses where subclass inputs are involved",
+            ) from e
+
+    return create_aot_state
+
+
+def _written_tensor_names(planner: Planner) -> list[str]:
+    """The attributes written with graph values, as the planner and Dynamo know them."""
+    names = [w.name for w in planner.writes or () if w.value_from is not ValueFrom.CONSTANT]
+    names += [w.name for w in planner.output_writes or () if w.value_from is not ValueFrom.CONSTANT and w.name != WHOLE_OUTPUT]
+    if planner.record is not None:
+        names += [n for attrs in planner.record.recorded.values() for n, v in attrs.items() if v is GRAPH_VALUE]
+    return list(dict.fromkeys(names))
+
+
 def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replacement for ``aot_stage2_compile``: the compiled callable gets the replay."""
 

@@ -368,6 +368,14 @@ class FrameState:
                 raise _NeedsSeed(t, name)
             for inner in t.flatten_names:  # an alias of an inner tensor: the traced one
                 if getattr(real, inner, None) is value:
+                    # guarded as an alias (``w.cache is w.elem``): a cache the user clears or
+                    # fills with another tensor is another program (an outside tester found
+                    # the graph reused, with elem, silently)
+                    guards.lambda_(
+                        ref.source,
+                        lambda obj, name=name, inner=inner: capture.eager_lookup(obj, name)[0] is getattr(obj, inner, None),
+                        f".{name} is .{inner}",
+                    )
                     answer = getattr(t.obj, inner)
                     t.set_answer(name, answer)
                     return answer

@@ -110,6 +110,15 @@ TABLE: list[Patch] = [
     ),
     Patch(
         "torch._functorch.aot_autograd",
+        "create_aot_state",
+        aot_layer.make_create_aot_state_hook,
+        why="AOTAutograd refuses outputs aliasing one another once subclass inputs are "
+        "involved; where the written tensors the plan returns alias one another (a view kept "
+        "beside its base), that is turned into a dynamo_ext refusal, which runs the frame "
+        "eagerly under fullgraph=False (See Note [Written tensors that alias one another]).",
+    ),
+    Patch(
+        "torch._functorch.aot_autograd",
         "aot_stage2_compile",
         aot_layer.make_stage2_hook,
         why="The compiled callable of every AOTAutograd entry point comes out of stage 2: "
