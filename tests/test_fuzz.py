@@ -69,6 +69,15 @@ settings.register_profile(
     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
 )
 settings.load_profile(os.environ.get("DYNAMO_EXT_FUZZ", "ci"))
+# A long run can be stopped before its end: with DYNAMO_EXT_FUZZ_PROGRESS=FILE each example
+# appends one line (backend, outcome) to FILE, so a stopped run still says how far it got.
+PROGRESS = os.environ.get("DYNAMO_EXT_FUZZ_PROGRESS")
+
+
+def _progress(backend, outcome):
+    if PROGRESS:
+        with open(PROGRESS, "a") as f:
+            f.write(f"{backend} {outcome}\n")
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
@@ -87,6 +96,7 @@ def test_fuzz_matches_eager_or_refuses(backend, case):
     try:
         run_case(spec, program, backend)
     except Exception as ours:
+        _progress(backend, f"raised {type(ours).__name__}")
         if _getattr_answer_lost_in_a_dispatch_frame(spec, ours):
             event("stock torch: a user __getattr__ answer lost where Dynamo compiled dispatch as a frame")
             return
@@ -99,6 +109,8 @@ def test_fuzz_matches_eager_or_refuses(backend, case):
         # torch's own divergence (Note [Divergences stock torch shows]): counted, not ours.
         event(f"stock torch diverges the same way: {type(ours).__name__}")
         STOCK_DIVERGENCES.append((spec, program, backend, _normalized(ours)))
+    else:
+        _progress(backend, "ok")
 
 
 # Note [Divergences stock torch shows]
