@@ -286,6 +286,15 @@ class FrameState:
         t = self.scope.track(fake, real, ref)
         capture.restore_aliases(t)
         self.record.sources[id(real)] = ref.source
+        if real is not fake:
+            # Dispatch given the traced object can still reach the real one (``ALL[self.idx]``,
+            # a registry of weights, a weakref): a write there lands on it at trace time, on
+            # top of the compiled call's (an outside tester's find: a count bumped twice, or
+            # four times on aot_eager). Such a write is refused and undone.
+            self.watch.add_object(
+                ref.source.name if ref.source is not None else type(real).__name__, real,
+                "set on the real object while traced (dispatch reached it around the traced one)",
+            )
         self.watch.add(type(real).__module__)
         for name in capture._flatten_names(real):  # in flatten order: elem before a cache aliasing it
             inner_fake, inner_real = getattr(fake, name, None), getattr(real, name, None)
@@ -678,9 +687,12 @@ class FrameState:
             return retry
         if isinstance(value, torch.nn.Module) or free_state.is_namespace(value):
             guards.guard(source, "ID_MATCH")
+            self.watch.add_object(f"{owner}.{name}", value)
             held = dict(vars(value))
             if isinstance(value, torch.nn.Module):
-                held.update(value._modules)  # submodules read as attributes
+                # submodules, parameters and buffers read as attributes (``GM.amax``, a buffer
+                # of a module a global holds: a real tensor, an outside tester's find)
+                held = {**value._modules, **value._buffers, **value._parameters, **held}
             else:  # ``getattr(cfg, "margin", 1)``, ``hasattr(cfg, "floor")``: set later by the user
                 for attr in sorted(names - held.keys()):
                     if attr[:2] != "__":
@@ -964,6 +976,15 @@ class FrameState:
             _refuse(
                 RefusalKind.OPAQUE_VALUE, t, w.name,
                 f"{type(value).__name__} (a real tensor not computed in the traced program)",
+            )
+        if ref.node is None:
+            # An object dispatch reached through a global or closure variable (a registry's
+            # stats object): no graph value leads to it, so the graph has no output to carry
+            # the value (an outside tester's find: the compile crashed inside Dynamo).
+            _refuse(
+                RefusalKind.OPAQUE_VALUE, t, w.name, type(value).__name__,
+                "a tensor or symbolic value written on an object dispatch reaches through a global "
+                "or closure variable: no graph value leads to that object",
             )
         holder, path = ref.node.meta.get("_dynamo_ext_proxy") or _proxy_of(self.tx, ref), ref.path
         if path and not _still_reached(ref.node.meta.get("example_value"), path, t.obj):

@@ -572,6 +572,9 @@ class ModuleWatch:
         self.modules: dict[str, dict] = {}
         self.classes: dict[type, None] = {}  # user classes whose attributes dispatch must leave alone
         self.cells: dict[int, tuple[str, Any]] = {}  # closure cells dispatch code reads: (name, cell)
+        # objects dispatch reaches through a global that nothing tracks (an nn.Module or a
+        # namespace in a registry): their attributes are state the op must leave alone
+        self.objects: dict[int, tuple[str, Any, str]] = {}
 
     def add_module_object(self, module: types.ModuleType) -> None:
         """A module object dispatch reaches through a global (``stats.calls += 1``)."""
@@ -589,6 +592,14 @@ class ModuleWatch:
     def add_cell(self, name: str, cell: Any) -> None:
         """A closure variable dispatch code reads (a ``nonlocal`` counter is global state too)."""
         self.cells.setdefault(id(cell), (name, cell))
+
+    def add_object(self, owner: str, value: Any, why: str = "") -> None:
+        """An object dispatch reaches through a global (``REGISTRY["stats"]``, an nn.Module or a
+        namespace), whose attribute reads are guarded: an attribute dispatch sets on it
+        (``stats.calls += 1``) would be set by every trace and again at run time (counted twice
+        per call on the eager backend, a functional tensor left on it by an AOT pass)."""
+        if isinstance(getattr(value, "__dict__", None), dict):
+            self.objects.setdefault(id(value), (owner, value, why or f"set on a {type(value).__qualname__} held by a global"))
 
     def add_class(self, cls: type) -> bool:
         """A class (and its user bases) whose own attributes are shared by every instance:
@@ -622,6 +633,10 @@ class ModuleWatch:
         }
         classes = {cls: _class_snapshot(cls) for cls in self.classes}
         cells = {key: (name, cell, _cell_value(cell)) for key, (name, cell) in self.cells.items()}
+        objects = [
+            (owner, obj, why, dict(vars(obj)), {k: _contents(v) for k, v in vars(obj).items() if type(v) in _CONTAINERS})
+            for owner, obj, why in self.objects.values()
+        ]
         cell_containers = {key: _contents(v) for key, (_, _, v) in cells.items() if type(v) in _CONTAINERS}
         generators = _generator_states()
         changes: list[GlobalChange] = []
@@ -639,6 +654,8 @@ class ModuleWatch:
                     _refill(now, cell_containers[key])
             for cls, snapshot in classes.items():
                 changes.extend(_restore_class(cls, snapshot))
+            for owner, obj, why, attrs, containers in objects:
+                changes.extend(_restore_object(owner, obj, why, attrs, containers))
             for module_name, (bindings, containers) in before.items():
                 ns = self.modules[module_name]
                 if len(ns) == len(bindings) and all(ns.get(k, _ABSENT) is v for k, v in bindings.items()):
@@ -794,6 +811,23 @@ class CompileWatch:
         for cls, snapshot in self.snapshots.items():
             changes.extend(_restore_class(cls, snapshot))
         return changes
+
+
+def _restore_object(owner: str, obj: Any, why: str, attrs: dict, containers: dict) -> list[GlobalChange]:
+    ns = vars(obj)
+    changes = []
+    if len(ns) != len(attrs) or any(ns.get(k, _ABSENT) is not v for k, v in attrs.items()):
+        for key in set(ns) | set(attrs):
+            if ns.get(key, _ABSENT) is not attrs.get(key, _ABSENT):
+                changes.append(GlobalChange(owner, key, why))
+        ns.clear()
+        ns.update(attrs)
+    for key, contents in containers.items():
+        value = ns.get(key)
+        if value is not None and not _same_contents(value, contents):
+            changes.append(GlobalChange(owner, key, f"mutated in place ({why})"))
+            _refill(value, contents)
+    return changes
 
 
 def _refill(value: Any, contents: Any) -> None:

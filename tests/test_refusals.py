@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.utils.checkpoint
 
 import subclasses as S
 from dynamo_ext import RefusalKind
-from harness import assert_same_state, attr_state, differential
+from harness import assert_same_state, attr_state, differential, leaked_fakes
 
 
 def mul3(x):
@@ -564,3 +566,161 @@ def test_an_identity_check_beside_a_subclass_whose_flatten_fails(backend):
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.Unsupported, match="unsupported_state_read"):
         torch.compile(mul3, backend=backend, fullgraph=True)(x)
+
+
+# Objects a module-level registry holds, that dispatch looks up and writes on (an outside
+# tester's find): a plain object given a tensor crashed the compile inside Dynamo, even
+# under fullgraph=False; an nn.Module given a count was counted twice per call on the eager
+# backend (once by the trace, once at run time), silently, and leaked a functional tensor on
+# aot_eager.
+REGISTRY: dict = {}
+
+
+class LogsToRegistry(torch.Tensor):
+    """Dispatch records each mul on the object ``REGISTRY["stats"]`` holds."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem):
+        self.elem = elem
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.mul.Tensor:
+            stats = REGISTRY["stats"]
+            stats.calls = stats.calls + 1
+            if REGISTRY.get("amax"):
+                stats.last_amax = args[0].elem.abs().max()
+        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
+        return cls(out) if isinstance(out, torch.Tensor) else out
+
+
+class PlainStats:
+    pass
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("holder", ["object", "module", "namespace"])
+@pytest.mark.parametrize("amax", [False, True], ids=["count", "count_and_tensor"])
+def test_a_write_on_an_object_a_registry_holds(backend, fullgraph, holder, amax):
+    import types
+
+    def f(w, x):
+        return w * x
+
+    def run(fn):
+        stats = {"object": PlainStats, "module": torch.nn.Module, "namespace": types.SimpleNamespace}[holder]()
+        stats.calls = 0
+        REGISTRY.clear()
+        REGISTRY.update(stats=stats, amax=amax)
+        w = LogsToRegistry(torch.tensor([1.0, -3.0, 2.0]))
+        seen = []
+        for i in range(3):
+            try:
+                fn(w, torch.tensor([2.0, 2.0, 5.0]) + i)
+            except torch._dynamo.exc.Unsupported as e:
+                kind = re.search(r"dynamo_ext: (\w+)", str(e))
+                seen.append(("refused", kind and kind.group(1), dict(vars(stats))))
+                continue
+            state = dict(vars(stats))
+            if isinstance(stats, torch.nn.Module):
+                state = {k: v for k, v in state.items() if not k.startswith("_") and k != "training"}
+            seen.append(
+                {k: (type(v), v.tolist()) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+            )
+            assert not leaked_fakes(state)
+            assert not any(isinstance(v, (torch.SymInt, torch.SymFloat)) for v in state.values())
+        return seen
+
+    torch._dynamo.reset()
+    try:
+        eager = run(f)
+        compiled = run(torch.compile(f, backend=backend, fullgraph=fullgraph))
+    finally:
+        REGISTRY.clear()
+    if compiled != eager:
+        assert fullgraph, compiled
+        # refused at the first compile with nothing counted (and refused again on each call)
+        assert all(type(s) is tuple and s[1] in ("global_state_write", "opaque_value") for s in compiled), compiled
+        assert compiled[0][2]["calls"] == 0 and "last_amax" not in compiled[0][2], compiled
+
+
+WEIGHTS: list = []
+
+
+class FindsItselfInARegistry(torch.Tensor):
+    """float8-style "all weights" registry: each weight registers itself, and dispatch looks
+    itself up there by index (the real weight, not the traced one) to bump a count."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem):
+        self.elem = elem
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.mul.Tensor:
+            me = WEIGHTS[args[0].idx] if args[0].idx >= 0 else args[0].selfref()
+            me.n = me.n + 1
+        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
+        return cls(out) if isinstance(out, torch.Tensor) else out
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("how", ["list", "weakref"])
+def test_dispatch_reaching_the_real_object_around_the_traced_one(backend, fullgraph, how):
+    """A write on the real weight itself, reached through a registry while the traced one
+    is given: made at trace time on top of the compiled call's (counted twice on the eager
+    backend, four times on aot_eager), silently. Now refused and undone; eager under
+    ``fullgraph=False``."""
+    import weakref
+
+    def f(w, x):
+        return w * x
+
+    def run(fn):
+        WEIGHTS.clear()
+        w = FindsItselfInARegistry(torch.tensor([1.0, -3.0, 2.0]))
+        w.idx, w.n = (0 if how == "list" else -1), 0
+        w.selfref = weakref.ref(w)
+        WEIGHTS.append(w)
+        seen = []
+        for i in range(3):
+            try:
+                fn(w, torch.full((3,), float(i)))
+            except torch._dynamo.exc.Unsupported as e:
+                # a weakref attribute is a read it cannot guard
+                kind = "global_state_write" if how == "list" else "unsupported_state_read"
+                seen.append(("refused", f"dynamo_ext: {kind}" in str(e), w.n))
+                continue
+            seen.append(w.n)
+        return seen
+
+    torch._dynamo.reset()
+    try:
+        eager = run(f)
+        compiled = run(torch.compile(f, backend=backend, fullgraph=fullgraph))
+    finally:
+        WEIGHTS.clear()
+    assert eager == [1, 2, 3]
+    assert compiled == ([("refused", True, 0)] * 3 if fullgraph else eager)
