@@ -520,6 +520,9 @@ class Scope:
         self.call_nodes: dict[int, tuple[str, ...]] | None = None
         #: id(object made during the scope) -> its key (See OnePerKey)
         self.birth_keys: dict[int, Any] = {}
+        # exceptions that left a user dispatch while traced (See Note [An exception dispatch
+        # raised that torch swallowed])
+        self.raised: list[BaseException] = []
 
     # -- tracking -----------------------------------------------------------
 
@@ -850,6 +853,10 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
             stack.append(klass)
             try:
                 return dispatch.__get__(None, klass)(func, types, args, kwargs)
+            except Exception as exc:
+                if scope is not None:
+                    scope.raised.append(exc)
+                raise
             finally:
                 stack.pop()
                 if graph is not None:

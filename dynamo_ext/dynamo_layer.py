@@ -1299,9 +1299,12 @@ def _propagate(
         while True:
             checkpoint = _Checkpoint(scope)
             try:
+                del scope.raised[:]
                 with scope.active(), state.watch.watching() as changes:
                     result = original(node, tx, allow)
                 writes = scope.settle()
+                if scope.raised:
+                    raise _Refused(*_swallowed_refusal(state, node, scope.raised))
                 if changes:
                     change = changes[0]
                     raise _Refused(
@@ -1370,6 +1373,25 @@ def _real_tensor_in_fake_propagation(exc: BaseException) -> bool:
             return False
         exc = inner
     return False
+
+
+def _swallowed_refusal(state: FrameState, node: torch.fx.Node, raised: list[BaseException]) -> tuple:
+    """Note [An exception dispatch raised that torch swallowed]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    An exception can leave a user dispatch while traced and the op still succeed: torch
+    turns a TypeError from a binary operator's ``__torch_dispatch__`` into NotImplemented
+    and runs the reflected operator, whose dispatch takes another branch (``args[0]`` is
+    the plain tensor). Traced values raise where eager's do not: a count or size that
+    became symbolic has no ``divmod``, no 3-argument ``pow``, no numpy ufuncs. The trace
+    then recorded the other path (a write lost, silently: an outside tester's find), so
+    the op is refused; eager under ``fullgraph=False``."""
+    exc = raised[0]
+    return (
+        RefusalKind.DISPATCH_RAISED, _first_subclass(state, node), "<dispatch>", type(exc).__name__,
+        f"dispatch raised {type(exc).__name__}({str(exc)[:200]!r}) while traced and torch went on "
+        "another way (a binary operator's reflected call): with the traced values (symbolic ints "
+        "or sizes) dispatch can raise where eager does not",
+    )
 
 
 def _raised_by_user_code(exc: BaseException) -> BaseException | None:

@@ -230,13 +230,15 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         ),
         Refusal(
             RefusalKind.DISPATCH_RAISED,
-            "Dispatch raised an exception of its own while traced (a budget check on a counter).",
+            "Dispatch raised an exception while traced (a budget check on a counter, or an "
+            "operation a count or size that became symbolic lacks: divmod, 3-argument pow, numpy).",
             "In eager the exception leaves the state dispatch wrote before raising; a compiled "
             "program cannot raise it at run time. The op runs eagerly (fullgraph=False), where it "
             "raises as in eager.",
             (
                 "Let the frame graph-break (fullgraph=False): the op then raises exactly as in eager.",
                 "Or check the condition in user code before the compiled call.",
+                "On counts and sizes, use what symbolic ints support (//, %, +, *, comparisons).",
             ),
             "Dynamo",
             what="raised {value_type} while traced (state {attr!r})",

@@ -1052,3 +1052,95 @@ def test_inductor_quant_cache_version():
 
     run(f, lambda: [r(2, 4), adv.VersionedQuantWeight(r(4, 3, seed=1))], backend="inductor", fullgraph=True,
         between=between, calls=4)
+
+
+# Operations a symbolic int lacks (an outside tester's find). A count that became dynamic
+# (automatic dynamic shapes) or a size is a SymInt while traced: ``divmod`` and a 3-argument
+# ``pow`` raise TypeError there, which torch turns into the reflected operator's call
+# (``x.__rmul__(w)``), whose dispatch took the other branch: the write was lost, or the
+# value of the first trace replayed forever, silently.
+_SYMINT_LACKS = {
+    "divmod": lambda n: divmod(n, 3),
+    "rdivmod": lambda n: divmod(10, n),
+    "pow_mod": lambda n: pow(n, 2, 5),
+    "floordiv_mod": lambda n: (n // 3, n % 3),  # what symbolic ints support: compiles
+}
+
+
+class StepsInDispatch(torch.Tensor):
+    """A ring-buffer style weight: dispatch bumps ``step`` and keeps a value derived from it
+    (or from its input's length) on mul."""
+
+    derive: Callable[[int], Any] = staticmethod(lambda n: n)
+    from_size = False
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem):
+        self.elem = elem
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
+        s = args[0] if args and isinstance(args[0], cls) else None
+        if s is not None and func is torch.ops.aten.mul.Tensor:
+            s.step = s.step + 1
+            s.derived = cls.derive(s.elem.shape[0] if cls.from_size else s.step)
+        return cls(out) if isinstance(out, torch.Tensor) else out
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("dynamic", [None, True], ids=["auto", "dynamic"])
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("op", sorted(_SYMINT_LACKS))
+@pytest.mark.parametrize("from_size", [False, True], ids=["count", "size"])
+def test_an_operation_a_symbolic_int_lacks(backend, dynamic, fullgraph, op, from_size):
+    class W(StepsInDispatch):
+        derive = staticmethod(_SYMINT_LACKS[op])
+
+    W.from_size = from_size
+
+    def f(w, x):
+        return w * x
+
+    def run(fn):
+        weights = [W(torch.arange(float(n))) for n in ((2, 3, 4, 5) if from_size else (3, 3, 3, 3))]
+        w0 = weights[0]
+        for w in weights:
+            w.step = 0
+        seen = []
+        for i, w in enumerate(weights if from_size else [w0] * 4):
+            try:
+                fn(w, torch.ones(w.shape[0]))
+            except torch._dynamo.exc.Unsupported as e:
+                assert fullgraph and "dynamo_ext: dispatch_raised" in str(e), e
+                seen.append(("refused", w.step, w.__dict__.get("derived", "<missing>")))
+                continue
+            assert not any(isinstance(v, (torch.SymInt, FakeTensor)) for v in vars(w).values())
+            seen.append((w.step, w.__dict__.get("derived", "<missing>")))
+        return seen
+
+    torch._dynamo.reset()
+    eager = run(f)
+    compiled = run(torch.compile(f, backend=backend, dynamic=dynamic, fullgraph=fullgraph))
+    if fullgraph:
+        # a refusal leaves the weight as it was (the compile of that call is refused)
+        refused_at = [i for i, s in enumerate(compiled) if s[0] == "refused"]
+        for i in refused_at:
+            prev = compiled[i - 1] if i else (0, "<missing>")
+            before = (0, "<missing>") if from_size else prev[-2:]
+            assert compiled[i][1:] == before, compiled
+        compiled = [s for i, s in enumerate(compiled) if i not in refused_at]
+        eager = [s for i, s in enumerate(eager) if i not in refused_at] if from_size else eager[: len(compiled)]
+        if refused_at and not from_size:
+            return  # a count refused once stays refused: nothing after it to compare
+    assert compiled == eager

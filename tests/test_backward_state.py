@@ -728,3 +728,33 @@ def test_a_loss_and_an_activation_returned_backward_of_the_loss():
 
     torch._dynamo.reset()
     assert run(torch.compile(_loss_and_activation, backend="aot_eager", fullgraph=True)) == run(_loss_and_activation)
+
+
+class DerivesFromABackwardCount(Weight):
+    """The backward's ops bump a count and keep values derived from it with int operations
+    that give plain values (``divmod``, ``/``, ``abs``, ``round``, a 3-argument ``pow``)."""
+
+    @staticmethod
+    def backward_op(w, out):
+        w.bwd = getattr(w, "bwd", 0) + 1
+        w.derived = (divmod(w.bwd, 3), w.bwd / 2, abs(w.bwd - 2), round(w.bwd * 7, -1), pow(w.bwd, 2, 5), divmod(10, w.bwd))
+        return out
+
+
+def test_values_derived_from_a_backward_count():
+    """The traced backward reads the count as a counted int: these operations used int's own
+    and gave values computed from the trace's count, replayed on every backward (an outside
+    tester's find, the same operations in a forward: See test_an_operation_a_symbolic_int_lacks)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    we, wc = DerivesFromABackwardCount(torch.ones(4)), DerivesFromABackwardCount(torch.ones(4))
+    for i in range(4):
+        x = torch.randn(2, 4)
+        fn(x.clone().requires_grad_(), we).backward()
+        try:
+            compiled(x.clone().requires_grad_(), wc).backward()
+        except SubclassWriteError as e:  # a refusal when the backward runs: nothing written
+            assert wc.__dict__.get("bwd") == (we.bwd - 1 or None), e
+            return
+        assert (wc.bwd, wc.derived) == (we.bwd, we.derived)
+        assert all(type(v) in (int, float) for v in (wc.derived[1], wc.derived[2], wc.derived[3], wc.derived[4]))
