@@ -191,10 +191,12 @@ class ClassHooks:
     def install(self, classes: Iterable[type], make_hooks: Callable[[type, Callable[[str], Any]], dict[str, Any]]) -> _HookHandle:
         """Hook every class in ``classes`` (subclasses before their bases do not matter:
         each hook wraps the class's own original behaviour)."""
+        from . import free_state
+
         taken: list[type] = []
         with self._lock:
             for cls in classes:
-                if cls.__module__ == "builtins":
+                if free_state.is_builtin_class(cls):
                     continue
                 if self._count.get(cls, 0) == 0:
                     hooks = make_hooks(cls, self._base(cls))

@@ -699,7 +699,7 @@ class FrameState:
                         guards.absent(source, attr)
             return self._guard_attributes(source, held, names, f"{owner}.{name}", depth, uses)
         if capture.is_registered(value) or (
-            hasattr(value, "__dict__") and free_state.is_user_class(type(value)) and type(value).__module__ != "builtins"
+            hasattr(value, "__dict__") and free_state.is_user_class(type(value)) and not free_state.is_builtin_class(type(value))
         ):
             # A user object: its attribute reads are answered and guarded like a
             # registered ctx-state object's, which needs the op run again.
@@ -775,7 +775,7 @@ class FrameState:
         retry, seen = False, set()
         names = uses.names(self.collector.names)
         for klass in cls.__mro__:
-            if not free_state.is_user_class(klass) or klass.__module__ == "builtins":
+            if not free_state.is_user_class(klass) or free_state.is_builtin_class(klass):
                 continue
             for name, value in list(vars(klass).items()):
                 if name in seen or name not in names or name[:2] == "__" or name.startswith(("_dynamo", "_abc")):

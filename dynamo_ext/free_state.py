@@ -52,6 +52,17 @@ def is_user_code(filename: str) -> bool:
     return not os.path.realpath(filename).startswith(_EXCLUDED_DIRS)
 
 
+def is_builtin_class(cls: type) -> bool:
+    """A class of Python itself (``object``, ``int``). Not every class whose ``__module__``
+    says "builtins": one defined by ``exec(source, {})`` (generated or plugin code) says so
+    too, and it is the user's (an outside tester's find: such a subclass was never hooked,
+    its writes replayed as traced)."""
+    return cls.__module__ == "builtins" and not cls.__flags__ & _HEAPTYPE
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement or type()
+
+
 def is_user_class(cls: type) -> bool:
     module = sys.modules.get(cls.__module__)
     return is_user_code(getattr(module, "__file__", "") or "")
@@ -453,7 +464,7 @@ def _functions_of(value: Any) -> list[types.FunctionType]:
         value = _wrapped(value)  # an ``lru_cache`` getter: the function it calls on a miss
     if isinstance(value, types.FunctionType):
         return [value]
-    if isinstance(value, type) and value.__module__ not in ("builtins",):
+    if isinstance(value, type) and not is_builtin_class(value):
         out = []
         for attr in vars(value).values():
             if isinstance(attr, (staticmethod, classmethod)):
@@ -607,7 +618,7 @@ class ModuleWatch:
         it was not watched yet."""
         new = False
         for klass in cls.__mro__:
-            if klass not in self.classes and klass.__module__ != "builtins" and is_user_class(klass):
+            if klass not in self.classes and not is_builtin_class(klass) and is_user_class(klass):
                 self.classes[klass] = None
                 new = True
         return new
@@ -803,7 +814,7 @@ class CompileWatch:
 
     def add(self, cls: type) -> None:
         for klass in cls.__mro__:
-            if klass not in self.snapshots and klass.__module__ != "builtins" and is_user_class(klass):
+            if klass not in self.snapshots and not is_builtin_class(klass) and is_user_class(klass):
                 self.snapshots[klass] = _class_snapshot(klass)
 
     def restore(self) -> list[GlobalChange]:
@@ -934,7 +945,7 @@ UNREADABLE = ("<unreadable>",)
 def slot_values(value: Any) -> dict[str, Any] | None:
     """The slots a user class's instance holds (``__slots__``, no ``__dict__``), or None."""
     cls = type(value)
-    if hasattr(value, "__dict__") or not is_user_class(cls) or cls.__module__ == "builtins":
+    if hasattr(value, "__dict__") or not is_user_class(cls) or is_builtin_class(cls):
         return None
     out: dict[str, Any] = {}
     for klass in cls.__mro__:
@@ -1096,7 +1107,7 @@ def _reach(at: BackwardRead, value: Any, uses: Uses, names: set[str], depth: int
             _reach(then(part), getattr(value, part), Uses(), names, depth + 1, out)
         return
     if isinstance(value, type):
-        if is_user_class(value) and value.__module__ != "builtins":
+        if is_user_class(value) and not is_builtin_class(value):
             _reach_class(at, value, wanted, names, depth, out)
         return
     if is_immutable_constant(value) or (type(value) in PLAIN_MUTABLE and holds_constants(value)):
@@ -1117,7 +1128,7 @@ def _reach(at: BackwardRead, value: Any, uses: Uses, names: set[str], depth: int
                 _reach(then(("[]", key)), item, Uses(), names, depth + 1, out)
         return
     if isinstance(value, torch.nn.Module) or is_namespace(value) or (
-        hasattr(value, "__dict__") and is_user_class(type(value)) and type(value).__module__ != "builtins"
+        hasattr(value, "__dict__") and is_user_class(type(value)) and not is_builtin_class(type(value))
     ):
         try:
             held = dict(vars(value))
@@ -1137,7 +1148,7 @@ def _reach(at: BackwardRead, value: Any, uses: Uses, names: set[str], depth: int
                 # ``getattr(cfg, "margin", 1.0)``: a setting the user may add later
                 out.setdefault((at.module, at.name, id(at.cell), at.chain + (attr,), "value"),
                                dataclasses.replace(then(attr), kind="value", value=MISSING))
-        if type(value).__module__ != "builtins" and is_user_class(type(value)):
+        if not is_builtin_class(type(value)) and is_user_class(type(value)):
             _reach_class(at, type(value), wanted - held.keys(), names, depth, out)
         return
     slots = slot_values(value)
@@ -1157,7 +1168,7 @@ def _reach_class(at: BackwardRead, cls: type, wanted: set[str], names: set[str],
     shadows them later: a change too)."""
     seen: set[str] = set()
     for klass in cls.__mro__:
-        if not is_user_class(klass) or klass.__module__ == "builtins":
+        if not is_user_class(klass) or is_builtin_class(klass):
             continue
         for name, value in list(vars(klass).items()):
             if name in seen or name not in wanted or name[:2] == "__" or name.startswith(("_dynamo", "_abc")):
