@@ -96,16 +96,19 @@ def test_fuzz_matches_eager_or_refuses(backend, case):
     try:
         run_case(spec, program, backend)
     except Exception as ours:
-        _progress(backend, f"raised {type(ours).__name__}")
         if _getattr_answer_lost_in_a_dispatch_frame(spec, ours):
+            _progress(backend, f"stock (a __getattr__ answer lost) {type(ours).__name__}")
             event("stock torch: a user __getattr__ answer lost where Dynamo compiled dispatch as a frame")
             return
         if _stock_crashes_the_same(spec, program, backend, ours) or _known_torch_crash(ours):
+            _progress(backend, f"stock (crashes the same) {type(ours).__name__}")
             event(f"stock torch crashes the same way: {type(ours).__name__}")
             STOCK_DIVERGENCES.append((spec, program, backend, _normalized(ours)))
             return
         if not _stock_shows_the_same(spec, program, backend, ours):
+            _progress(backend, f"DIVERGES {type(ours).__name__}: {str(ours)[:300]!r}")
             raise
+        _progress(backend, f"stock (diverges the same) {type(ours).__name__}")
         # torch's own divergence (Note [Divergences stock torch shows]): counted, not ours.
         event(f"stock torch diverges the same way: {type(ours).__name__}")
         STOCK_DIVERGENCES.append((spec, program, backend, _normalized(ours)))
