@@ -230,8 +230,8 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         ),
         Refusal(
             RefusalKind.DISPATCH_RAISED,
-            "Dispatch raised an exception while traced (a budget check on a counter, or an "
-            "operation a count or size that became symbolic lacks: divmod, 3-argument pow, numpy).",
+            "Dispatch raised an exception while traced (a budget check on a counter; `divmod`, "
+            "numpy on a count or size that became symbolic).",
             "In eager the exception leaves the state dispatch wrote before raising; a compiled "
             "program cannot raise it at run time. The op runs eagerly (fullgraph=False), where it "
             "raises as in eager.",
