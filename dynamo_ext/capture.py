@@ -46,6 +46,7 @@ import itertools
 import os
 import sys
 import threading
+import types
 from typing import Any, Callable, Iterator, Protocol
 
 import torch
@@ -778,11 +779,22 @@ def _tracked_here(obj: Any) -> tuple[Scope | None, Tracked | None]:
     return scope, t
 
 
+def _sets_elsewhere(cls: type, name: str) -> bool:
+    """``obj.name = v`` does not put ``name`` in the instance dict itself: a data descriptor
+    does (a property with a setter; not a ``__slots__`` member, which is the object's own)."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            value = vars(klass)[name]
+            return hasattr(type(value), "__set__") and not isinstance(value, types.MemberDescriptorType)
+    return False
+
+
 def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
     """The hooks for ``cls``; ``base(name)`` gives the implementation they wrap."""
     get_ = base("__getattribute__")
     set_ = base("__setattr__")
     del_ = base("__delattr__")
+    own_setattr = set_ is not object.__setattr__  # the class's own decides what lands where
 
     def __getattribute__(obj: Any, name: str) -> Any:
         scope, t = _tracked_here(obj)
@@ -801,7 +813,12 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
                 t = scope.track(obj, obj)
             if scope.on_access is not None:  # a hook that only writes: its closure is read too
                 scope.on_access(sys._getframe(1), type(obj))
-            scope.write(t, name, value)
+            if not own_setattr and not _sets_elsewhere(type(obj), name):
+                scope.write(t, name, value)
+            # else: a property's setter or the class's own ``__setattr__`` decides what lands
+            # in the instance dict (``self._scale = v``, a renamed key): its own writes are
+            # recorded as they happen, and ``Scope.settle`` catches what it set directly.
+            # Recorded as ``name``, the write looked like a deletion (an outside tester's find).
         set_(obj, name, value)
 
     def __delattr__(obj: Any, name: str) -> None:
