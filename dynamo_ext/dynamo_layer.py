@@ -433,6 +433,11 @@ class FrameState:
             # Dynamo specializes the ints of globals.
             guards.constant(source, value)
             return value
+        reader = _reading_frame()
+        if reader is not None and free_state.tells_int_from_symint(reader.f_code, reader.f_globals):
+            # See Note [An int dispatch code could tell from a symbolic one] (free_state.py)
+            guards.constant(source, value)
+            return value
         # wrap_symint, not the builder's int path: that one assumes ints of nn.Modules and
         # of globals are configuration and always specializes them, while this int is
         # state on a tensor (a parameter's step counter) that changes every call.
@@ -851,6 +856,15 @@ class FrameState:
                 if t.real is not None:
                     self.record.observed.setdefault(id(t.real), {})[w.name] = marker
                 continue
+            if _has_own_setattr(type(t.obj)) and isinstance(t.obj, torch.Tensor):
+                # Dynamo replays it with STORE_ATTR, through that __setattr__ again, which
+                # ran while traced already (a count of sets counted twice: an outside
+                # tester's find)
+                _refuse(
+                    RefusalKind.OPAQUE_VALUE, t, w.name, type(w.value).__name__,
+                    f"{t.cls_name} has its own __setattr__, which the replayed write would run "
+                    "a second time",
+                )
             vt = self._target_vt(t, ref)
             if vt is None:
                 _refuse(
@@ -1303,8 +1317,8 @@ def _propagate(
                 with scope.active(), state.watch.watching() as changes:
                     result = original(node, tx, allow)
                 writes = scope.settle()
-                if scope.raised:
-                    raise _Refused(*_swallowed_refusal(state, node, scope.raised))
+                if _users_own(scope.raised):
+                    raise _Refused(*_swallowed_refusal(state, node, _users_own(scope.raised)))
                 if changes:
                     change = changes[0]
                     raise _Refused(
@@ -1330,6 +1344,11 @@ def _propagate(
                 _graph_break(RefusalKind.FLATTEN_ROUND_TRIP, bad.tracked, bad.name, "Tensor", "")
             except Exception as exc:
                 checkpoint.rollback()
+                if _users_own(scope.raised) and _raised_by_user_code(exc) is None:
+                    # What left dispatch was turned into another error on the way (a binary
+                    # operator's TypeError, raised again by its reflected call, comes out of
+                    # the user's ``w * x`` line with torch's frames below it)
+                    _graph_break(*_swallowed_refusal(state, node, _users_own(scope.raised)))
                 user = _raised_by_user_code(exc)
                 if user is not None:
                     _graph_break(RefusalKind.DISPATCH_RAISED, tracked[0], "<dispatch>", type(user).__name__, repr(user)[:300])
@@ -1373,6 +1392,33 @@ def _real_tensor_in_fake_propagation(exc: BaseException) -> bool:
             return False
         exc = inner
     return False
+
+
+def _has_own_setattr(cls: type) -> bool:
+    from . import _patches
+
+    for klass in cls.__mro__:
+        own = _patches.original_attribute(klass, "__setattr__")
+        if own is not _patches._MISSING:
+            return own is not object.__setattr__
+    return False
+
+
+def _reading_frame() -> Any:
+    """The user frame whose attribute read is being answered (the first frame up the stack
+    that is neither dynamo_ext's nor torch's)."""
+    own = os.path.dirname(__file__) + os.sep
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(own):
+        frame = frame.f_back
+    # a read torch made (not dispatch code) has torch's frame here
+    return frame if frame is not None and free_state.is_user_code(frame.f_code.co_filename) else None
+
+
+def _users_own(raised: list[BaseException]) -> list[BaseException]:
+    """The exceptions that left a user dispatch which are not torch's or dynamo_ext's own
+    signals (a tensor to seed, a data-dependent guard)."""
+    return [e for e in raised if not (type(e).__module__ or "").startswith(("torch", "dynamo_ext"))]
 
 
 def _swallowed_refusal(state: FrameState, node: torch.fx.Node, raised: list[BaseException]) -> tuple:
