@@ -1144,3 +1144,61 @@ def test_an_operation_a_symbolic_int_lacks(backend, dynamic, fullgraph, op, from
         if refused_at and not from_size:
             return  # a count refused once stays refused: nothing after it to compare
     assert compiled == eager
+
+
+class ChecksItsCount(StepsInDispatch):
+    """Dispatch code that can tell an int from a symbolic one, inline: a type check, a
+    rounding to ndigits, a JSON record."""
+
+    check = "type"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        import json
+
+        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
+        s = args[0] if args and isinstance(args[0], cls) else None
+        if s is not None and func is torch.ops.aten.mul.Tensor:
+            n = s.step
+            if cls.check == "type":
+                s.step = n + 1 if type(n) is int else 0
+            elif cls.check == "isinstance":
+                s.step = n + 1 if isinstance(n, int) else 0
+            elif cls.check == "round":
+                s.step = n + 1
+                s.bucket = round(s.step * 7, -1)
+            else:
+                s.step = n + 1
+                s.record = json.dumps({"step": s.step})
+        return cls(out) if isinstance(out, torch.Tensor) else out
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("check", ["type", "isinstance", "round", "json"])
+def test_dispatch_that_can_tell_its_count_from_a_symbolic_int(backend, fullgraph, check):
+    """See Note [An int dispatch code could tell from a symbolic one]: the count stays a
+    guarded constant there (a compile per value), matching eager where the symbolic count
+    took the other path silently (type checks, ``round(n, -1)``) or raised under
+    ``fullgraph=False`` (``json``); outside testers' finds."""
+
+    class W(ChecksItsCount):
+        pass
+
+    W.check = check
+
+    def f(w, x):
+        return w * x
+
+    def run(fn):
+        w = W(torch.arange(3.0))
+        w.step = 0
+        seen = []
+        for _ in range(5):
+            fn(w, torch.ones(3))
+            seen.append({k: v for k, v in vars(w).items() if k != "elem"})
+            assert not any(isinstance(v, torch.SymInt) for v in vars(w).values())
+        return seen
+
+    torch._dynamo.reset()
+    assert run(torch.compile(f, backend=backend, fullgraph=fullgraph)) == run(f)
