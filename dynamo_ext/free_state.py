@@ -64,6 +64,11 @@ _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement or 
 
 
 def is_user_class(cls: type) -> bool:
+    if not cls.__flags__ & _HEAPTYPE:
+        # a class of C code (``_io.TextIOWrapper`` behind ``sys.stderr``, ``sys.version_info``'s
+        # type): not the program's state, and its attributes cannot be hooked (an outside
+        # tester's find: dispatch naming ``sys.stderr`` crashed the compile)
+        return False
     module = sys.modules.get(cls.__module__)
     return is_user_code(getattr(module, "__file__", "") or "")
 

@@ -85,7 +85,14 @@ def _by_value(source: Any, value: Any) -> None:
     from torch._dynamo.guards import get_verbose_code_parts, install_guard
     from torch._dynamo.source import AttrSource
 
-    expected = copy.deepcopy(value)
+    try:
+        expected = copy.deepcopy(value)
+    except Exception:  # ``sys.version_info`` (a struct sequence of C code): immutable, kept as is
+        from .values import is_immutable_constant
+
+        if not is_immutable_constant(value):
+            raise
+        expected = value
     if isinstance(source, AttrSource):
         # An attribute: read again from its holder, by value (another object holding an
         # equal value passes: NestedTensor's metadata cache is a new dict per tensor).

@@ -1367,3 +1367,39 @@ def test_a_module_buffer_dispatch_computes_with(backend, fullgraph):
         assert "gain" in str(info.value) and w.used == 0.0
         return
     run_side_by_side(ComputesWithAModuleBuffer, lambda v: GAIN_MODULE.gain.fill_(v), [2.0, 3.0, 2.0], backend)
+
+
+LOG_BUFFER = __import__("io").StringIO()
+DEBUG = False
+
+
+class MentionsLibraryObjects(ScaledWeight):
+    """Dispatch code naming ``sys.stderr`` behind a debug flag, a module-level ``StringIO``
+    log and ``sys.version_info``: objects of C classes (an outside tester's find: the
+    compile crashed trying to hook them, under ``fullgraph=False`` too)."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        import sys
+
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func is aten.mm.default:
+            w = next(a for a in args if isinstance(a, cls))
+            if DEBUG:
+                print("mm", file=sys.stderr)
+                LOG_BUFFER.write("mm\n")
+            w.calls = getattr(w, "calls", 0) + (1 if sys.version_info >= (3, 8) else 2)
+        return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+def test_dispatch_naming_objects_of_c_classes(backend, fullgraph):
+    torch._dynamo.reset()
+    compiled = torch.compile(mm, backend=backend, fullgraph=fullgraph)
+    we, wc = MentionsLibraryObjects(torch.ones(2, 2)), MentionsLibraryObjects(torch.ones(2, 2))
+    for _ in range(3):
+        x = torch.randn(2, 2)
+        torch.testing.assert_close(compiled(x, wc), mm(x, we))
+        assert_same_state(we, wc)
+    assert wc.calls == 3
