@@ -96,14 +96,36 @@ def tells_int_from_symint(code: types.CodeType, f_globals: dict) -> bool:
     int), rounds to ndigits or serializes it takes another path, silently (an outside
     tester's find). The code reading the int (and the functions nested in it) is scanned for
     such names; where one appears the int stays a guarded constant: one compile per value,
-    up to Dynamo's recompile limit, after which the frame runs eagerly, as in eager. A check
-    in a helper the code calls is not seen (README, Limits)."""
+    up to Dynamo's recompile limit, after which the frame runs eagerly, as in eager. Helpers
+    it calls through a global (a function, a table of them) are scanned two levels deep; one
+    reached another way (a method, an attribute of ``cls``) is not (README, Limits)."""
+    return _tells_int(code, f_globals, 0, set())
+
+
+def _tells_int(code: types.CodeType, f_globals: dict, depth: int, seen: set[int]) -> bool:
+    if id(code) in seen:
+        return False
+    seen.add(id(code))
     if _code_tells_int(code):
         return True
+    if depth >= 2:
+        return False
     for name in loaded_globals(code):
         value = f_globals.get(name)
         if callable(value) and hasattr(value, "registry") and hasattr(value, "dispatch"):
             return True  # a functools.singledispatch function: picks by type
+        # helpers the code calls: a function, or a table of them (``CHECKS[kind](n)``)
+        if isinstance(value, dict):
+            items = list(value.values())[:_MAX_ITEMS]
+        elif isinstance(value, (list, tuple)):
+            items = list(value)[:_MAX_ITEMS]
+        else:
+            items = [value]
+        for item in items:
+            fn = getattr(item, "__func__", item)  # a staticmethod or bound method
+            if isinstance(fn, types.FunctionType) and is_user_code(fn.__code__.co_filename):
+                if _tells_int(fn.__code__, fn.__globals__, depth + 1, seen):
+                    return True
     return False
 
 

@@ -1146,6 +1146,13 @@ def test_an_operation_a_symbolic_int_lacks(backend, dynamic, fullgraph, op, from
     assert compiled == eager
 
 
+_COUNT_CHECKS = {
+    "helper_isinstance": lambda v: isinstance(v, int),
+    "helper_type_name": lambda v: type(v).__name__,
+    "helper_round": lambda v: round(v * 2, -1),
+}
+
+
 class ChecksItsCount(StepsInDispatch):
     """Dispatch code that can tell an int from a symbolic one, inline: a type check, a
     rounding to ndigits, a JSON record."""
@@ -1173,16 +1180,31 @@ class ChecksItsCount(StepsInDispatch):
         return cls(out) if isinstance(out, torch.Tensor) else out
 
 
+class ChecksThroughAHelper(StepsInDispatch):
+    """The check in a helper dispatch calls through a module-level table."""
+
+    check = "helper_isinstance"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
+        s = args[0] if args and isinstance(args[0], cls) else None
+        if s is not None and func is torch.ops.aten.mul.Tensor:
+            s.step = s.step + 1
+            s.checked = _COUNT_CHECKS[cls.check](s.step)
+        return cls(out) if isinstance(out, torch.Tensor) else out
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
-@pytest.mark.parametrize("check", ["type", "isinstance", "round", "json"])
+@pytest.mark.parametrize("check", ["type", "isinstance", "round", "json", *_COUNT_CHECKS])
 def test_dispatch_that_can_tell_its_count_from_a_symbolic_int(backend, fullgraph, check):
     """See Note [An int dispatch code could tell from a symbolic one]: the count stays a
     guarded constant there (a compile per value), matching eager where the symbolic count
     took the other path silently (type checks, ``round(n, -1)``) or raised under
     ``fullgraph=False`` (``json``); outside testers' finds."""
 
-    class W(ChecksItsCount):
+    class W(ChecksThroughAHelper if check in _COUNT_CHECKS else ChecksItsCount):
         pass
 
     W.check = check
