@@ -856,14 +856,11 @@ class FrameState:
                 if t.real is not None:
                     self.record.observed.setdefault(id(t.real), {})[w.name] = marker
                 continue
-            if _has_own_setattr(type(t.obj)) and isinstance(t.obj, torch.Tensor):
-                # Dynamo replays it with STORE_ATTR, through that __setattr__ again, which
-                # ran while traced already (a count of sets counted twice: an outside
-                # tester's find)
+            if capture.sets_besides(t, w.name):
                 _refuse(
                     RefusalKind.OPAQUE_VALUE, t, w.name, type(w.value).__name__,
-                    f"{t.cls_name} has its own __setattr__, which the replayed write would run "
-                    "a second time",
+                    f"{t.cls_name}'s own __setattr__ set {w.name!r}, and the replayed writes would "
+                    "run it a second time",
                 )
             vt = self._target_vt(t, ref)
             if vt is None:
@@ -1391,16 +1388,6 @@ def _real_tensor_in_fake_propagation(exc: BaseException) -> bool:
         if inner is None:
             return False
         exc = inner
-    return False
-
-
-def _has_own_setattr(cls: type) -> bool:
-    from . import _patches
-
-    for klass in cls.__mro__:
-        own = _patches.original_attribute(klass, "__setattr__")
-        if own is not _patches._MISSING:
-            return own is not object.__setattr__
     return False
 
 

@@ -609,6 +609,6 @@ def _compiled_backward_node(out: Any) -> Any:
 
 
 def _replay_set(target: Any, name: str, value: Any) -> None:
-    """Set what the trace found in the object's dict: what a class's own ``__setattr__`` did
-    while traced is in the writes already (run again, a count of sets would count twice)."""
-    object.__setattr__(target, name, value)
+    """As eager's assignment: through the class's own ``__setattr__`` where it has one (what
+    that sets besides the assigned name is refused at compile time: ``capture.sets_besides``)."""
+    setattr(target, name, value)
