@@ -434,7 +434,7 @@ class FrameState:
             guards.constant(source, value)
             return value
         reader = _reading_frame()
-        if reader is not None and free_state.tells_int_from_symint(reader.f_code, reader.f_globals):
+        if reader is not None and free_state.tells_int_from_symint(reader.f_code, reader.f_globals, name):
             # See Note [An int dispatch code could tell from a symbolic one] (free_state.py)
             guards.constant(source, value)
             return value

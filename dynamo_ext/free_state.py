@@ -76,56 +76,91 @@ def is_user_class(cls: type) -> bool:
 # Names whose use can tell a symbolic int from an int: a type check (``type(n) is int``,
 # ``isinstance(n, int)``, ``numbers.Integral``, ``n.__class__``), ``round`` (``round(s, -1)``
 # ignores ndigits on a SymInt in torch 2.13), ``json`` (a SymInt is not serializable).
-_TELLS_INT_NAMES = frozenset({"type", "int", "Integral", "numbers", "__class__", "round", "json", "singledispatch"})
+_TELLS_INT_NAMES = frozenset({"type", "int", "Integral", "numbers", "__class__", "round", "json", "dumps", "singledispatch"})
+_LINE_LOADS = ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD", "LOAD_DEREF", "LOAD_FAST", "LOAD_CLOSURE", "LOAD_CONST")
 
 
 @functools.lru_cache(maxsize=4096)
-def _code_tells_int(code: types.CodeType) -> bool:
+def _lines(code: types.CodeType) -> tuple[tuple[frozenset, frozenset], ...]:
+    """Per source line: the names and constants it loads, and the local names it stores."""
+    loads: dict[int, set] = {}
+    stores: dict[int, set] = {}
+    line = code.co_firstlineno
     for ins in dis.get_instructions(code):
-        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD", "LOAD_DEREF") and ins.argval in _TELLS_INT_NAMES:
-            return True
-    return any(_code_tells_int(c) for c in code.co_consts if isinstance(c, types.CodeType))
+        if ins.starts_line is not None:
+            line = ins.starts_line
+        if ins.opname in _LINE_LOADS and isinstance(ins.argval, str):
+            loads.setdefault(line, set()).add(ins.argval)
+        elif ins.opname in ("STORE_FAST", "STORE_DEREF", "STORE_NAME"):
+            stores.setdefault(line, set()).add(ins.argval)
+    return tuple((frozenset(loads.get(n, ())), frozenset(stores.get(n, ()))) for n in sorted(set(loads) | set(stores)))
 
 
-def tells_int_from_symint(code: types.CodeType, f_globals: dict) -> bool:
+@functools.lru_cache(maxsize=4096)
+def _code_tells_int(code: types.CodeType, names: frozenset) -> bool:
+    """A line of ``code`` (or of a function nested in it) that uses one of ``names`` (the
+    attribute, or a local holding it) also uses a name that can tell an int from a SymInt."""
+    held = set(names)
+    lines = _lines(code)
+    for _ in range(3):  # locals assigned from the value, and from those
+        for loaded, stored in lines:
+            if loaded & held:
+                held |= stored
+    if any(loaded & held and loaded & _TELLS_INT_NAMES for loaded, _ in lines):
+        return True
+    return any(_code_tells_int(c, frozenset(held)) for c in code.co_consts if isinstance(c, types.CodeType))
+
+
+def tells_int_from_symint(code: types.CodeType, f_globals: dict, name: str) -> bool:
     """Note [An int dispatch code could tell from a symbolic one]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     A counter read by dispatch becomes a symbolic int once it changes (one compile for every
     count), and dispatch then holds a ``torch.SymInt`` where eager holds an int. Code that
     checks the type (``type(n) is int``, ``isinstance(n, int)``, a ``singledispatch`` on
     int), rounds to ndigits or serializes it takes another path, silently (an outside
-    tester's find). The code reading the int (and the functions nested in it) is scanned for
-    such names; where one appears the int stays a guarded constant: one compile per value,
-    up to Dynamo's recompile limit, after which the frame runs eagerly, as in eager. Helpers
-    it calls through a global (a function, a table of them) are scanned two levels deep; one
-    reached another way (a method, an attribute of ``cls``) is not (README, Limits)."""
-    return _tells_int(code, f_globals, 0, set())
+    tester's find). The code reading the int is scanned line by line: where a line using the
+    attribute's name (or a local assigned from it, also in a function nested in the code)
+    uses such a name too, or calls a helper through a global (a function, a table of them)
+    whose code does, the int stays a guarded constant: one compile per value, up to
+    Dynamo's recompile limit, after which the frame runs eagerly, as in eager. A check the
+    value reaches another way (a method, an attribute of ``cls``) is not seen (README,
+    Limits)."""
+    return _tells_int(code, f_globals, frozenset({name}), 0, set())
 
 
-def _tells_int(code: types.CodeType, f_globals: dict, depth: int, seen: set[int]) -> bool:
+def _tells_int(code: types.CodeType, f_globals: dict, names: frozenset, depth: int, seen: set[int]) -> bool:
     if id(code) in seen:
         return False
     seen.add(id(code))
-    if _code_tells_int(code):
+    if _code_tells_int(code, names):
         return True
     if depth >= 2:
         return False
-    for name in loaded_globals(code):
-        value = f_globals.get(name)
-        if callable(value) and hasattr(value, "registry") and hasattr(value, "dispatch"):
-            return True  # a functools.singledispatch function: picks by type
-        # helpers the code calls: a function, or a table of them (``CHECKS[kind](n)``)
-        if isinstance(value, dict):
-            items = list(value.values())[:_MAX_ITEMS]
-        elif isinstance(value, (list, tuple)):
-            items = list(value)[:_MAX_ITEMS]
-        else:
-            items = [value]
-        for item in items:
-            fn = getattr(item, "__func__", item)  # a staticmethod or bound method
-            if isinstance(fn, types.FunctionType) and is_user_code(fn.__code__.co_filename):
-                if _tells_int(fn.__code__, fn.__globals__, depth + 1, seen):
-                    return True
+    held = set(names)
+    for _ in range(3):
+        for loaded, stored in _lines(code):
+            if loaded & held:
+                held |= stored
+    for loaded, _ in _lines(code):
+        if not loaded & held:
+            continue
+        for global_name in loaded:
+            value = f_globals.get(global_name)
+            if callable(value) and hasattr(value, "registry") and hasattr(value, "dispatch"):
+                return True  # a functools.singledispatch function given the value: picks by type
+            # a helper given the value: a function, or a table of them (``CHECKS[kind](n)``)
+            if isinstance(value, dict):
+                items = list(value.values())[:_MAX_ITEMS]
+            elif isinstance(value, (list, tuple)):
+                items = list(value)[:_MAX_ITEMS]
+            else:
+                items = [value]
+            for item in items:
+                fn = getattr(item, "__func__", item)  # a staticmethod or bound method
+                if isinstance(fn, types.FunctionType) and is_user_code(fn.__code__.co_filename):
+                    every = frozenset(fn.__code__.co_varnames[: fn.__code__.co_argcount])
+                    if _tells_int(fn.__code__, fn.__globals__, every, depth + 1, seen):
+                        return True
     return False
 
 
