@@ -22,6 +22,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import adversarial_subclasses as adv
+from dynamo_ext.testing import WrapperTensor
 import dynamo_ext
 from harness import assert_same_outputs, assert_same_state, leaked_fakes, plain
 
@@ -1067,35 +1068,26 @@ _SYMINT_LACKS = {
 }
 
 
-class StepsInDispatch(torch.Tensor):
+class StepsInDispatch(WrapperTensor):
     """A ring-buffer style weight: dispatch bumps ``step`` and keeps a value derived from it
-    (or from its input's length) on mul."""
+    (or from its input's length) on mul, on its first argument only (``args[0]``: a reflected
+    ``x.__rmul__(w)`` call writes nothing)."""
 
     derive: Callable[[int], Any] = staticmethod(lambda n: n)
     from_size = False
-
-    @staticmethod
-    def __new__(cls, elem):
-        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
-
-    def __init__(self, elem):
-        self.elem = elem
-
-    def __tensor_flatten__(self):
-        return ["elem"], None
-
-    @classmethod
-    def __tensor_unflatten__(cls, inner, ctx, size, stride):
-        return cls(inner["elem"])
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
         s = args[0] if args and isinstance(args[0], cls) else None
         if s is not None and func is torch.ops.aten.mul.Tensor:
-            s.step = s.step + 1
-            s.derived = cls.derive(s.elem.shape[0] if cls.from_size else s.step)
+            cls.update(s)
         return cls(out) if isinstance(out, torch.Tensor) else out
+
+    @classmethod
+    def update(cls, s):
+        s.step = s.step + 1
+        s.derived = cls.derive(s.elem.shape[0] if cls.from_size else s.step)
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
@@ -1160,24 +1152,20 @@ class ChecksItsCount(StepsInDispatch):
     check = "type"
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+    def update(cls, s):
         import json
 
-        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
-        s = args[0] if args and isinstance(args[0], cls) else None
-        if s is not None and func is torch.ops.aten.mul.Tensor:
-            n = s.step
-            if cls.check == "type":
-                s.step = n + 1 if type(n) is int else 0
-            elif cls.check == "isinstance":
-                s.step = n + 1 if isinstance(n, int) else 0
-            elif cls.check == "round":
-                s.step = n + 1
-                s.bucket = round(s.step * 7, -1)
-            else:
-                s.step = n + 1
-                s.record = json.dumps({"step": s.step})
-        return cls(out) if isinstance(out, torch.Tensor) else out
+        n = s.step
+        if cls.check == "type":
+            s.step = n + 1 if type(n) is int else 0
+        elif cls.check == "isinstance":
+            s.step = n + 1 if isinstance(n, int) else 0
+        elif cls.check == "round":
+            s.step = n + 1
+            s.bucket = round(s.step * 7, -1)
+        else:
+            s.step = n + 1
+            s.record = json.dumps({"step": s.step})
 
 
 class ChecksThroughAHelper(StepsInDispatch):
@@ -1186,13 +1174,9 @@ class ChecksThroughAHelper(StepsInDispatch):
     check = "helper_isinstance"
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
-        s = args[0] if args and isinstance(args[0], cls) else None
-        if s is not None and func is torch.ops.aten.mul.Tensor:
-            s.step = s.step + 1
-            s.checked = _COUNT_CHECKS[cls.check](s.step)
-        return cls(out) if isinstance(out, torch.Tensor) else out
+    def update(cls, s):
+        s.step = s.step + 1
+        s.checked = _COUNT_CHECKS[cls.check](s.step)
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])

@@ -10,6 +10,7 @@ import torch.utils.checkpoint
 
 import subclasses as S
 from dynamo_ext import RefusalKind
+from dynamo_ext.testing import WrapperTensor
 from harness import assert_same_state, attr_state, differential, leaked_fakes
 
 
@@ -576,32 +577,16 @@ def test_an_identity_check_beside_a_subclass_whose_flatten_fails(backend):
 REGISTRY: dict = {}
 
 
-class LogsToRegistry(torch.Tensor):
+class LogsToRegistry(WrapperTensor):
     """Dispatch records each mul on the object ``REGISTRY["stats"]`` holds."""
 
-    @staticmethod
-    def __new__(cls, elem):
-        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
-
-    def __init__(self, elem):
-        self.elem = elem
-
-    def __tensor_flatten__(self):
-        return ["elem"], None
-
     @classmethod
-    def __tensor_unflatten__(cls, inner, ctx, size, stride):
-        return cls(inner["elem"])
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+    def on_op(cls, func, first):
         if func is torch.ops.aten.mul.Tensor:
             stats = REGISTRY["stats"]
             stats.calls = stats.calls + 1
             if REGISTRY.get("amax"):
-                stats.last_amax = args[0].elem.abs().max()
-        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
-        return cls(out) if isinstance(out, torch.Tensor) else out
+                stats.last_amax = first.elem.abs().max()
 
 
 class PlainStats:
@@ -658,31 +643,15 @@ def test_a_write_on_an_object_a_registry_holds(backend, fullgraph, holder, amax)
 WEIGHTS: list = []
 
 
-class FindsItselfInARegistry(torch.Tensor):
+class FindsItselfInARegistry(WrapperTensor):
     """float8-style "all weights" registry: each weight registers itself, and dispatch looks
     itself up there by index (the real weight, not the traced one) to bump a count."""
 
-    @staticmethod
-    def __new__(cls, elem):
-        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
-
-    def __init__(self, elem):
-        self.elem = elem
-
-    def __tensor_flatten__(self):
-        return ["elem"], None
-
     @classmethod
-    def __tensor_unflatten__(cls, inner, ctx, size, stride):
-        return cls(inner["elem"])
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+    def on_op(cls, func, first):
         if func is torch.ops.aten.mul.Tensor:
-            me = WEIGHTS[args[0].idx] if args[0].idx >= 0 else args[0].selfref()
+            me = WEIGHTS[first.idx] if first.idx >= 0 else first.selfref()
             me.n = me.n + 1
-        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
-        return cls(out) if isinstance(out, torch.Tensor) else out
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])

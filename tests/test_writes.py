@@ -12,6 +12,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import dynamo_ext
 import subclasses as S
+from dynamo_ext.testing import WrapperTensor
 from harness import assert_same_state, differential, stock_torch
 
 
@@ -940,22 +941,8 @@ def test_a_subclass_defined_by_exec(backend, fullgraph, namespace):
     assert run(torch.compile(f, backend=backend, fullgraph=fullgraph)) == run(f) == [1, 2, 3, 4]
 
 
-class ScaleProperty(torch.Tensor):
+class ScaleProperty(WrapperTensor):
     """float8-style: ``scale`` is a property whose setter stores ``_scale`` and counts sets."""
-
-    @staticmethod
-    def __new__(cls, elem):
-        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
-
-    def __init__(self, elem):
-        self.elem = elem
-
-    def __tensor_flatten__(self):
-        return ["elem"], None
-
-    @classmethod
-    def __tensor_unflatten__(cls, inner, ctx, size, stride):
-        return cls(inner["elem"])
 
     @property
     def scale(self):
@@ -967,12 +954,10 @@ class ScaleProperty(torch.Tensor):
         self._sets = getattr(self, "_sets", 0) + 1
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
+    def on_op(cls, func, first):
         if func is torch.ops.aten.mul.Tensor:
-            args[0].scale = args[0].elem.abs().max() / 448.0
-            args[0].last_scale = args[0].scale
-        return cls(out) if isinstance(out, torch.Tensor) else out
+            first.scale = first.elem.abs().max() / 448.0
+            first.last_scale = first.scale
 
 
 class RenamesOnSet(ScaleProperty):
@@ -985,11 +970,9 @@ class RenamesOnSet(ScaleProperty):
         super().__setattr__(name, value)
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
+    def on_op(cls, func, first):
         if func is torch.ops.aten.mul.Tensor:
-            args[0].amax = args[0].elem.abs().max()
-        return cls(out) if isinstance(out, torch.Tensor) else out
+            first.amax = first.elem.abs().max()
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
@@ -1012,22 +995,8 @@ def test_a_property_setter_or_own_setattr_decides_where_a_write_lands(backend, f
     differential(lambda w, x: w * x, make, backend=backend, fullgraph=fullgraph, calls=3)
 
 
-class CountsSets(torch.Tensor):
+class CountsSets(WrapperTensor):
     """Its own ``__setattr__`` counts how often ``scale`` is set (a dirty flag)."""
-
-    @staticmethod
-    def __new__(cls, elem):
-        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
-
-    def __init__(self, elem):
-        self.elem = elem
-
-    def __tensor_flatten__(self):
-        return ["elem"], None
-
-    @classmethod
-    def __tensor_unflatten__(cls, inner, ctx, size, stride):
-        return cls(inner["elem"])
 
     def __setattr__(self, name, value):
         if name == "scale":
@@ -1035,11 +1004,9 @@ class CountsSets(torch.Tensor):
         object.__setattr__(self, name, value)
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
+    def on_op(cls, func, first):
         if func is torch.ops.aten.mul.Tensor:
-            args[0].scale = args[0].elem.abs().max() / 4
-        return cls(out) if isinstance(out, torch.Tensor) else out
+            first.scale = first.elem.abs().max() / 4
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
