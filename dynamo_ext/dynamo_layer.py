@@ -1405,7 +1405,20 @@ def _reading_frame() -> Any:
 def _users_own(raised: list[BaseException]) -> list[BaseException]:
     """The exceptions that left a user dispatch which are not torch's or dynamo_ext's own
     signals (a tensor to seed, a data-dependent guard)."""
-    return [e for e in raised if not (type(e).__module__ or "").startswith(("torch", "dynamo_ext"))]
+    own = os.path.dirname(__file__) + os.sep
+    users = []
+    for e in raised:
+        if (type(e).__module__ or "").startswith(("torch", "dynamo_ext")):
+            continue
+        frames = []
+        tb = e.__traceback__
+        while tb is not None:
+            frames.append(tb.tb_frame.f_code.co_filename)
+            tb = tb.tb_next
+        outside = [f for f in frames if not f.startswith(own)]
+        if outside and free_state.is_user_code(outside[-1]):  # raised by user code, not torch's
+            users.append(e)
+    return users
 
 
 def _swallowed_refusal(state: FrameState, node: torch.fx.Node, raised: list[BaseException]) -> tuple:
