@@ -1402,6 +1402,9 @@ def _reading_frame() -> Any:
     return frame if frame is not None and free_state.is_user_code(frame.f_code.co_filename) else None
 
 
+_TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
+
+
 def _users_own(raised: list[BaseException]) -> list[BaseException]:
     """The exceptions that left a user dispatch which are not torch's or dynamo_ext's own
     signals (a tensor to seed, a data-dependent guard)."""
@@ -1416,7 +1419,7 @@ def _users_own(raised: list[BaseException]) -> list[BaseException]:
             frames.append(tb.tb_frame.f_code.co_filename)
             tb = tb.tb_next
         outside = [f for f in frames if not f.startswith(own)]
-        if outside and free_state.is_user_code(outside[-1]):  # raised by user code, not torch's
+        if outside and not os.path.realpath(outside[-1]).startswith(_TORCH_DIR):  # not raised by torch
             users.append(e)
     return users
 
