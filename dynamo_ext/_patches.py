@@ -196,7 +196,7 @@ class ClassHooks:
         taken: list[type] = []
         with self._lock:
             for cls in classes:
-                if free_state.is_builtin_class(cls) or not cls.__flags__ & (1 << 9):
+                if free_state.is_c_class(cls):
                     continue  # Python's own, or another class of C code (immutable: no hooks)
                 if self._count.get(cls, 0) == 0:
                     hooks = make_hooks(cls, self._base(cls))

@@ -787,11 +787,7 @@ def sets_besides(t: "Tracked", name: str) -> bool:
     find: a count of sets counted twice)."""
     if name in t.assigned or not isinstance(t.obj, torch.Tensor):
         return False
-    for klass in type(t.obj).__mro__:
-        own = _patches.original_attribute(klass, "__setattr__")
-        if own is not _patches._MISSING:
-            return own is not object.__setattr__
-    return False
+    return _patches.CLASS_HOOKS._base(type(t.obj))("__setattr__") is not object.__setattr__  # as _make_hooks tells
 
 
 def _sets_elsewhere(cls: type, name: str) -> bool:

@@ -704,7 +704,7 @@ class FrameState:
                         guards.absent(source, attr)
             return self._guard_attributes(source, held, names, f"{owner}.{name}", depth, uses)
         if capture.is_registered(value) or (
-            hasattr(value, "__dict__") and free_state.is_user_class(type(value)) and not free_state.is_builtin_class(type(value))
+            hasattr(value, "__dict__") and free_state.is_user_class(type(value))
         ):
             # A user object: its attribute reads are answered and guarded like a
             # registered ctx-state object's, which needs the op run again.
@@ -780,7 +780,7 @@ class FrameState:
         retry, seen = False, set()
         names = uses.names(self.collector.names)
         for klass in cls.__mro__:
-            if not free_state.is_user_class(klass) or free_state.is_builtin_class(klass):
+            if not free_state.is_user_class(klass):
                 continue
             for name, value in list(vars(klass).items()):
                 if name in seen or name not in names or name[:2] == "__" or name.startswith(("_dynamo", "_abc")):
@@ -1314,8 +1314,9 @@ def _propagate(
                 with scope.active(), state.watch.watching() as changes:
                     result = original(node, tx, allow)
                 writes = scope.settle()
-                if _users_own(scope.raised):
-                    raise _Refused(*_swallowed_refusal(state, node, _users_own(scope.raised)))
+                users = _users_own(scope.raised)
+                if users:
+                    raise _Refused(*_swallowed_refusal(state, node, users))
                 if changes:
                     change = changes[0]
                     raise _Refused(
@@ -1341,12 +1342,13 @@ def _propagate(
                 _graph_break(RefusalKind.FLATTEN_ROUND_TRIP, bad.tracked, bad.name, "Tensor", "")
             except Exception as exc:
                 checkpoint.rollback()
-                if _users_own(scope.raised) and _raised_by_user_code(exc) is None:
+                user = _raised_by_user_code(exc)
+                users = _users_own(scope.raised)
+                if users and user is None:
                     # What left dispatch was turned into another error on the way (a binary
                     # operator's TypeError, raised again by its reflected call, comes out of
                     # the user's ``w * x`` line with torch's frames below it)
-                    _graph_break(*_swallowed_refusal(state, node, _users_own(scope.raised)))
-                user = _raised_by_user_code(exc)
+                    _graph_break(*_swallowed_refusal(state, node, users))
                 if user is not None:
                     _graph_break(RefusalKind.DISPATCH_RAISED, tracked[0], "<dispatch>", type(user).__name__, repr(user)[:300])
                 if state.tensor_reads and _real_tensor_in_fake_propagation(exc):
@@ -1408,20 +1410,29 @@ _TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
 def _users_own(raised: list[BaseException]) -> list[BaseException]:
     """The exceptions that left a user dispatch which are not torch's or dynamo_ext's own
     signals (a tensor to seed, a data-dependent guard)."""
-    own = os.path.dirname(__file__) + os.sep
     users = []
     for e in raised:
         if (type(e).__module__ or "").startswith(("torch", "dynamo_ext")):
             continue
-        frames = []
-        tb = e.__traceback__
-        while tb is not None:
-            frames.append(tb.tb_frame.f_code.co_filename)
-            tb = tb.tb_next
-        outside = [f for f in frames if not f.startswith(own)]
-        if outside and not os.path.realpath(outside[-1]).startswith(_TORCH_DIR):  # not raised by torch
+        where = _raised_in(e)
+        if where is not None and not os.path.realpath(where).startswith(_TORCH_DIR):  # not raised by torch
             users.append(e)
     return users
+
+
+def _raised_in(exc: BaseException) -> str | None:
+    """The file of the innermost frame ``exc`` passed through that is not dynamo_ext's own
+    (an absent attribute is answered with AttributeError by the attribute hooks, on behalf
+    of the user code that read it)."""
+    own = os.path.dirname(__file__) + os.sep
+    where = None
+    tb = exc.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if not filename.startswith(own):
+            where = filename
+        tb = tb.tb_next
+    return where
 
 
 def _swallowed_refusal(state: FrameState, node: torch.fx.Node, raised: list[BaseException]) -> tuple:
@@ -1453,16 +1464,8 @@ def _raised_by_user_code(exc: BaseException) -> BaseException | None:
     module = type(exc).__module__ or ""
     if module.startswith(("torch", "dynamo_ext")) or not isinstance(exc, Exception):
         return None
-    # The innermost frame that is not dynamo_ext's own (an absent attribute is answered with
-    # AttributeError by the attribute hooks, on behalf of the user code that read it).
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame.f_code.co_filename)
-        tb = tb.tb_next
-    own = os.path.dirname(__file__) + os.sep
-    outside = [f for f in frames if not f.startswith(own)]
-    return exc if outside and free_state.is_user_code(outside[-1]) else None
+    where = _raised_in(exc)
+    return exc if where is not None and free_state.is_user_code(where) else None
 
 
 def _first_subclass(state: FrameState, node: torch.fx.Node) -> Tracked:

@@ -52,19 +52,22 @@ def is_user_code(filename: str) -> bool:
     return not os.path.realpath(filename).startswith(_EXCLUDED_DIRS)
 
 
-def is_builtin_class(cls: type) -> bool:
-    """A class of Python itself (``object``, ``int``). Not every class whose ``__module__``
-    says "builtins": one defined by ``exec(source, {})`` (generated or plugin code) says so
-    too, and it is the user's (an outside tester's find: such a subclass was never hooked,
-    its writes replayed as traced)."""
-    return cls.__module__ == "builtins" and not cls.__flags__ & _HEAPTYPE
+def is_c_class(cls: type) -> bool:
+    """A class of C code (``object``, ``int``, ``_io.TextIOWrapper``): no class statement made
+    it, and its attributes cannot be hooked. Not every class whose ``__module__`` says
+    "builtins": one defined by ``exec(source, {})`` (generated or plugin code) says so too, and
+    it is the user's (an outside tester's find: such a subclass was never hooked, its writes
+    replayed as traced)."""
+    return not cls.__flags__ & _HEAPTYPE
 
 
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement or type()
 
 
 def is_user_class(cls: type) -> bool:
-    if not cls.__flags__ & _HEAPTYPE:
+    """Not Python's own, torch's or the standard library's (a class of generated code whose
+    ``__module__`` says "builtins" is the user's)."""
+    if is_c_class(cls):
         # a class of C code (``_io.TextIOWrapper`` behind ``sys.stderr``, ``sys.version_info``'s
         # type): not the program's state, and its attributes cannot be hooked (an outside
         # tester's find: dispatch naming ``sys.stderr`` crashed the compile)
@@ -97,18 +100,24 @@ def _lines(code: types.CodeType) -> tuple[tuple[frozenset, frozenset], ...]:
 
 
 @functools.lru_cache(maxsize=4096)
+def _held(code: types.CodeType, names: frozenset) -> frozenset:
+    """``names`` and the locals of ``code`` assigned from them (and from those)."""
+    held = set(names)
+    for _ in range(3):
+        for loaded, stored in _lines(code):
+            if loaded & held:
+                held |= stored
+    return frozenset(held)
+
+
+@functools.lru_cache(maxsize=4096)
 def _code_tells_int(code: types.CodeType, names: frozenset) -> bool:
     """A line of ``code`` (or of a function nested in it) that uses one of ``names`` (the
     attribute, or a local holding it) also uses a name that can tell an int from a SymInt."""
-    held = set(names)
-    lines = _lines(code)
-    for _ in range(3):  # locals assigned from the value, and from those
-        for loaded, stored in lines:
-            if loaded & held:
-                held |= stored
-    if any(loaded & held and loaded & _TELLS_INT_NAMES for loaded, _ in lines):
+    held = _held(code, names)
+    if any(loaded & held and loaded & _TELLS_INT_NAMES for loaded, _ in _lines(code)):
         return True
-    return any(_code_tells_int(c, frozenset(held)) for c in code.co_consts if isinstance(c, types.CodeType))
+    return any(_code_tells_int(c, held) for c in code.co_consts if isinstance(c, types.CodeType))
 
 
 def tells_int_from_symint(code: types.CodeType, f_globals: dict, name: str) -> bool:
@@ -136,11 +145,7 @@ def _tells_int(code: types.CodeType, f_globals: dict, names: frozenset, depth: i
         return True
     if depth >= 2:
         return False
-    held = set(names)
-    for _ in range(3):
-        for loaded, stored in _lines(code):
-            if loaded & held:
-                held |= stored
+    held = _held(code, names)
     for loaded, _ in _lines(code):
         if not loaded & held:
             continue
@@ -560,7 +565,7 @@ def _functions_of(value: Any) -> list[types.FunctionType]:
         value = _wrapped(value)  # an ``lru_cache`` getter: the function it calls on a miss
     if isinstance(value, types.FunctionType):
         return [value]
-    if isinstance(value, type) and not is_builtin_class(value):
+    if isinstance(value, type) and not is_c_class(value):
         out = []
         for attr in vars(value).values():
             if isinstance(attr, (staticmethod, classmethod)):
@@ -714,7 +719,7 @@ class ModuleWatch:
         it was not watched yet."""
         new = False
         for klass in cls.__mro__:
-            if klass not in self.classes and not is_builtin_class(klass) and is_user_class(klass):
+            if klass not in self.classes and is_user_class(klass):
                 self.classes[klass] = None
                 new = True
         return new
@@ -910,7 +915,7 @@ class CompileWatch:
 
     def add(self, cls: type) -> None:
         for klass in cls.__mro__:
-            if klass not in self.snapshots and not is_builtin_class(klass) and is_user_class(klass):
+            if klass not in self.snapshots and is_user_class(klass):
                 self.snapshots[klass] = _class_snapshot(klass)
 
     def restore(self) -> list[GlobalChange]:
@@ -1041,7 +1046,7 @@ UNREADABLE = ("<unreadable>",)
 def slot_values(value: Any) -> dict[str, Any] | None:
     """The slots a user class's instance holds (``__slots__``, no ``__dict__``), or None."""
     cls = type(value)
-    if hasattr(value, "__dict__") or not is_user_class(cls) or is_builtin_class(cls):
+    if hasattr(value, "__dict__") or not is_user_class(cls):
         return None
     out: dict[str, Any] = {}
     for klass in cls.__mro__:
@@ -1203,7 +1208,7 @@ def _reach(at: BackwardRead, value: Any, uses: Uses, names: set[str], depth: int
             _reach(then(part), getattr(value, part), Uses(), names, depth + 1, out)
         return
     if isinstance(value, type):
-        if is_user_class(value) and not is_builtin_class(value):
+        if is_user_class(value):
             _reach_class(at, value, wanted, names, depth, out)
         return
     if is_immutable_constant(value) or (type(value) in PLAIN_MUTABLE and holds_constants(value)):
@@ -1224,7 +1229,7 @@ def _reach(at: BackwardRead, value: Any, uses: Uses, names: set[str], depth: int
                 _reach(then(("[]", key)), item, Uses(), names, depth + 1, out)
         return
     if isinstance(value, torch.nn.Module) or is_namespace(value) or (
-        hasattr(value, "__dict__") and is_user_class(type(value)) and not is_builtin_class(type(value))
+        hasattr(value, "__dict__") and is_user_class(type(value))
     ):
         try:
             held = dict(vars(value))
@@ -1244,7 +1249,7 @@ def _reach(at: BackwardRead, value: Any, uses: Uses, names: set[str], depth: int
                 # ``getattr(cfg, "margin", 1.0)``: a setting the user may add later
                 out.setdefault((at.module, at.name, id(at.cell), at.chain + (attr,), "value"),
                                dataclasses.replace(then(attr), kind="value", value=MISSING))
-        if not is_builtin_class(type(value)) and is_user_class(type(value)):
+        if is_user_class(type(value)):
             _reach_class(at, type(value), wanted - held.keys(), names, depth, out)
         return
     slots = slot_values(value)
@@ -1264,7 +1269,7 @@ def _reach_class(at: BackwardRead, cls: type, wanted: set[str], names: set[str],
     shadows them later: a change too)."""
     seen: set[str] = set()
     for klass in cls.__mro__:
-        if not is_user_class(klass) or is_builtin_class(klass):
+        if not is_user_class(klass):
             continue
         for name, value in list(vars(klass).items()):
             if name in seen or name not in wanted or name[:2] == "__" or name.startswith(("_dynamo", "_abc")):

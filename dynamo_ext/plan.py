@@ -337,7 +337,7 @@ class Replay:
                 values[name] = value
                 continue
             target = capture.follow(inputs[index], path) if path else inputs[index]
-            _replay_set(target, name, value)
+            setattr(target, name, value)
         for obj, entries, values in shared.values():
             capture.replayer_for(obj)(obj, entries, values)
 
@@ -357,7 +357,7 @@ class Replay:
             if value is MISSING:  # set by __tensor_unflatten__ alone: eager's output lacks it
                 target.__dict__.pop(name, None)
                 continue
-            _replay_set(target, name, value)
+            setattr(target, name, value)
         out, extras = self.strip(out)
         born = self._born_for(inputs) if self._born else None
         if born is not None:
@@ -442,7 +442,7 @@ class Replay:
                 counters.evaluate(w.value, read) if w.value_from is ValueFrom.COUNTED else w.value for w in writes
             ]
             for w, value in zip(writes, values):
-                _replay_set(w.target(inputs), w.name, value)
+                setattr(w.target(inputs), w.name, value)
 
         if (self.plan.call_symbols or self.plan.rebuild_gradients) and "CompiledFunction" in type(node).__name__:
             # this call's values of them: read where the compiled backward coerces its
@@ -586,7 +586,7 @@ def _as_made(obj: Any, made: dict[str, Any]) -> Any:
         if value is MISSING:
             capture.obj_dict(fresh).pop(name, None)
         else:
-            _replay_set(fresh, name, value)
+            setattr(fresh, name, value)
     return fresh
 
 
@@ -606,9 +606,3 @@ def _compiled_backward_node(out: Any) -> Any:
             stack.extend(n for n, _ in node.next_functions)
         return t.grad_fn
     return None
-
-
-def _replay_set(target: Any, name: str, value: Any) -> None:
-    """As eager's assignment: through the class's own ``__setattr__`` where it has one (what
-    that sets besides the assigned name is refused at compile time: ``capture.sets_besides``)."""
-    setattr(target, name, value)
