@@ -194,7 +194,7 @@ class Planner:
             bad = refusal_for(w.value, w.old, w.in_place)
             if bad is not None:
                 raise SubclassWriteError(bad[0], t.cls_name, w.name, bad[1])
-            if capture.sets_besides(t, w.name):
+            if capture.sets_besides(t, w.name) or capture.under_a_descriptor(t, w.name):
                 raise SubclassWriteError(RefusalKind.OPAQUE_VALUE, t.cls_name, w.name, type(w.value).__name__)
             if not self.epilogue:
                 raise SubclassWriteError(RefusalKind.UNREPLAYABLE_ENTRY, t.cls_name, w.name, type(w.value).__name__)

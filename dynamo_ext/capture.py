@@ -790,6 +790,14 @@ def sets_besides(t: "Tracked", name: str) -> bool:
     return _patches.CLASS_HOOKS._base(type(t.obj))("__setattr__") is not object.__setattr__  # as _make_hooks tells
 
 
+def under_a_descriptor(t: "Tracked", name: str) -> bool:
+    """``name`` landed in the instance dict though a data descriptor of the class owns it
+    (``self.__dict__["shape"] = v``, or a property's name written through the dict): the
+    replay's ``setattr`` would go to the descriptor (torch's ``shape`` is not writable; a
+    property's setter runs where eager's never ran: an outside tester's find)."""
+    return _sets_elsewhere(type(t.obj), name)
+
+
 def _sets_elsewhere(cls: type, name: str) -> bool:
     """``obj.name = v`` does not put ``name`` in the instance dict itself: a data descriptor
     does (a property with a setter; not a ``__slots__`` member, which is the object's own)."""

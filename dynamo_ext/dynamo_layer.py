@@ -862,6 +862,12 @@ class FrameState:
                     f"{t.cls_name}'s own __setattr__ set {w.name!r}, and the replayed writes would "
                     "run it a second time",
                 )
+            if capture.under_a_descriptor(t, w.name):
+                _refuse(
+                    RefusalKind.OPAQUE_VALUE, t, w.name, type(w.value).__name__,
+                    f"dispatch wrote {w.name!r} into the instance dict, where a data descriptor of "
+                    f"{t.cls_name} owns the name: a replayed setattr would go to the descriptor",
+                )
             vt = self._target_vt(t, ref)
             if vt is None:
                 _refuse(
@@ -1357,6 +1363,13 @@ def _propagate(
                         "dispatch computes with a real tensor it reaches through a global or closure variable "
                         f"({', '.join(state.tensor_reads)}): the compiled program cannot take it as an input",
                     )
+                left = _left_dispatch(exc, scope.raised)
+                if left is not None:
+                    _graph_break(
+                        RefusalKind.DISPATCH_RAISED, tracked[0], "<dispatch>", type(left).__name__,
+                        f"{type(left).__name__} left dispatch while traced ({str(left)[:200]!r}): dispatch "
+                        "cannot be traced there (a branch on tensor data)",
+                    )
                 raise
             except BaseException:
                 checkpoint.rollback()
@@ -1418,6 +1431,27 @@ def _users_own(raised: list[BaseException]) -> list[BaseException]:
         if where is not None and not os.path.realpath(where).startswith(_TORCH_DIR):  # not raised by torch
             users.append(e)
     return users
+
+
+def _left_dispatch(exc: BaseException, raised: list[BaseException]) -> BaseException | None:
+    """Note [An error torch raised inside dispatch]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Fake propagation can fail inside a user dispatch on what tracing cannot know: a branch
+    on tensor data (``if self.elem.abs().max() > 2: self.overflows += 1``) raises torch's
+    data-dependent error. Stock never met it where the traced instance lacked the state
+    the branch is behind (the count lost, silently). The op is refused as
+    ``dispatch_raised``, naming the subclass, and under ``fullgraph=False`` runs eagerly
+    with its dispatch frame left uncompiled: Dynamo compiling that frame after the graph
+    break crashed reading ``self.__dict__`` (an outside tester's find). Returns what left
+    dispatch (``exc`` or what it wraps), or None where the failure was not inside one."""
+    for _ in range(6):
+        if any(exc is e for e in raised):
+            return exc
+        inner = exc.__cause__ or exc.__context__
+        if inner is None:
+            return None
+        exc = inner
+    return None
 
 
 def _raised_in(exc: BaseException) -> str | None:

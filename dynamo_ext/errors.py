@@ -231,14 +231,15 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         Refusal(
             RefusalKind.DISPATCH_RAISED,
             "Dispatch raised an exception while traced (a budget check on a counter; `divmod`, "
-            "numpy on a count or size that became symbolic).",
+            "numpy on a count or size that became symbolic; a branch on tensor data).",
             "In eager the exception leaves the state dispatch wrote before raising; a compiled "
-            "program cannot raise it at run time. The op runs eagerly (fullgraph=False), where it "
-            "raises as in eager.",
+            "program cannot raise it at run time, nor branch on tensor data while traced. The op "
+            "runs eagerly (fullgraph=False), where it raises as in eager.",
             (
                 "Let the frame graph-break (fullgraph=False): the op then raises exactly as in eager.",
                 "Or check the condition in user code before the compiled call.",
                 "On counts and sizes, use what symbolic ints support (//, %, +, *, comparisons).",
+                "On tensor data, compute with torch.where instead of an if.",
             ),
             "Dynamo",
             what="raised {value_type} while traced (state {attr!r})",

@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 import adversarial_subclasses as adv
 from dynamo_ext.testing import WrapperTensor
 import dynamo_ext
-from harness import assert_same_outputs, assert_same_state, leaked_fakes, plain
+from harness import assert_same_outputs, assert_same_state, differential, leaked_fakes, plain
 
 BACKENDS = ["eager", "aot_eager"]
 FULLGRAPH = [True, False]
@@ -1208,3 +1208,54 @@ def test_dispatch_that_can_tell_its_count_from_a_symbolic_int(backend, fullgraph
 
     torch._dynamo.reset()
     assert run(torch.compile(f, backend=backend, fullgraph=fullgraph)) == run(f)
+
+
+class CountsOverflows(WrapperTensor):
+    """float8-style overflow count: dispatch branches on the data of its inner tensor, for
+    weights that carry a count (``"overflows" in self.__dict__`` or ``getattr``)."""
+
+    via_dict = True
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is not torch.ops.aten.mm.default:
+            return
+        counts = "overflows" in first.__dict__ if cls.via_dict else getattr(first, "overflows", None) is not None
+        if counts and first.elem.abs().max() > 2:
+            first.overflows = first.overflows + 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("via_dict", [True, False], ids=["dict", "getattr"])
+@pytest.mark.parametrize("overflowing", [True, False], ids=["over", "within"])
+def test_dispatch_branching_on_tensor_data(backend, fullgraph, via_dict, overflowing):
+    """A branch on tensor data in dispatch cannot be traced (the fake tensor has no value):
+    the op is refused as ``dispatch_raised`` (torch's data-dependent error named no subclass),
+    and under ``fullgraph=False`` runs eagerly. It crashed inside Dynamo when dispatch read
+    ``self.__dict__``: Dynamo compiled the dispatch frame itself after the graph break (an
+    outside tester's find; stock loses the count silently, its traced instance has none)."""
+
+    class W(CountsOverflows):
+        pass
+
+    W.via_dict = via_dict
+    scale = 1.0 if overflowing else 0.1
+
+    def make():
+        w = W(torch.arange(6.0).reshape(2, 3) * scale - 2 * scale)
+        w.overflows = 0
+        return [w, torch.ones(3, 2)]
+
+    def f(w, y):
+        return torch.mm(w, y) * 2
+
+    if fullgraph:
+        torch._dynamo.reset()
+        w, y = make()
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: dispatch_raised"):
+            torch.compile(f, backend=backend, fullgraph=True)(w, y)
+        assert vars(w).keys() == {"elem", "overflows"} and w.overflows == 0
+        return
+    out = differential(f, make, backend=backend, fullgraph=False, calls=3)
+    assert out.eager_inputs[0].overflows == (3 if overflowing else 0)

@@ -1025,3 +1025,55 @@ def test_a_class_counting_sets_in_its_own_setattr(backend):
             with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="opaque_value"):
                 torch.compile(lambda w, x: w * x, backend=backend, fullgraph=True)(w, x)
             assert set(vars(w)) == {"elem"}
+
+
+class WritesUnderADescriptor(WrapperTensor):
+    """Dispatch writes the instance dict itself under a name a data descriptor of the class
+    owns: ``shape`` (torch's), or ``scale`` (its own property, whose setter keeps ``_scale``)."""
+
+    name = "shape"
+
+    @property
+    def scale(self):
+        return self.__dict__.get("_scale", 1.0)
+
+    @scale.setter
+    def scale(self, value):
+        self.__dict__["_scale"] = value
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is torch.ops.aten.mul.Tensor:
+            first.__dict__[cls.name] = "seen"
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("name", ["shape", "scale"])
+def test_a_dict_write_under_a_name_a_descriptor_owns(backend, fullgraph, name):
+    """``self.__dict__["shape"] = v`` puts ``shape`` in the dict, where ``setattr`` would go
+    to the class's descriptor: the replay's ``setattr`` raised (``shape`` is not writable) or
+    ran the property's setter eager never ran (an outside tester's find). Refused as
+    ``opaque_value``, eager under ``fullgraph=False``."""
+
+    class W(WritesUnderADescriptor):
+        pass
+
+    W.name = name
+    make = lambda: [W(torch.tensor([1.0, -3.0, 2.0])), torch.ones(3)]  # noqa: E731
+    if fullgraph:
+        torch._dynamo.reset()
+        w, x = make()
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: opaque_value"):
+            torch.compile(lambda w, x: w * x, backend=backend, fullgraph=True)(w, x)
+        assert set(vars(w)) == {"elem"}
+        return
+    out = differential(lambda w, x: w * x, make, backend=backend, fullgraph=False, calls=2)
+    assert out.eager_inputs[0].__dict__[name] == "seen" and "_scale" not in vars(out.compiled_inputs[0])
+    if backend == "aot_eager":
+        with dynamo_ext.config.patch(dynamo_layer=False):
+            torch._dynamo.reset()
+            w, x = make()
+            with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="opaque_value"):
+                torch.compile(lambda w, x: w * x, backend=backend, fullgraph=True)(w, x)
+            assert set(vars(w)) == {"elem"}
