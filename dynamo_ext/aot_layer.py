@@ -425,6 +425,7 @@ class Planner:
         self.forward_values.update({(id(w.tracked.obj), w.name): w.value for w in net if isinstance(w.tracked.data, _Where)})
         late = Scope(answer=self.answer_backward, label="backward")
         late.check_inner = False
+        late.watch_caught = None  # only AOTAutograd traces the backward
         if self.in_joint:
             self.backward_code = free_state.Collector(_JOINT_BOUNDARY)
             late.on_access = self.backward_code.on_access
@@ -610,6 +611,7 @@ class Planner:
         calls: list[tuple[str, ...] | None] = []  # the graph nodes of each call that wrote
         for scope in self._late:
             events = scope.kept if scope.kept is not None else scope.settle()
+            _refuse_caught(scope)
             nodes_of = scope.call_nodes or {}
             calls.extend(
                 nodes_of.get(id(e)) for e in events if isinstance(e.tracked.data, _Where)
@@ -1378,6 +1380,9 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
     def traced_call(*args: Any, **kwargs: Any) -> Any:
         leaves = pytree.arg_tree_leaves(*args, **kwargs)
         scope = Scope(answer=planner.answer if planner is not None else None, label="aot")
+        # Dynamo's fake propagation noted what dispatch caught (See Note [An exception dispatch
+        # caught while traced] in capture.py); AOTAutograd called directly notes it here
+        scope.watch_caught = None if planner is None or planner.record is None else False
         if planner is not None and planner.record is not None:
             for obj in planner.record.shared_objects:
                 scope.track(obj, obj)
@@ -1417,6 +1422,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                     context=", ".join(f"{c.module}.{c.name} ({c.what})" for c in changes),
                 )
             writes = scope.settle()
+            _refuse_caught(scope)
             _refuse_inner_metadata_mutation(scope)
             net = scope.net_writes(writes)
             read = _tensors_read(scope)
@@ -1450,6 +1456,17 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
         return out, tuple(extras)
 
     return traced_call
+
+
+def _refuse_caught(scope: Scope) -> None:
+    """See Note [An exception dispatch caught while traced] in capture.py."""
+    caught = capture.caught_here(scope, scope.raised)
+    if caught is not None:
+        raise SubclassWriteError(
+            RefusalKind.DISPATCH_RAISED, next((t.cls_name for t in scope.tracked.values()), "traced function"),
+            "<dispatch>", type(caught).__name__,
+            context=f"dispatch caught {type(caught).__name__}({str(caught)[:200]!r}) while traced ({scope.label})",
+        )
 
 
 def _refuse_inner_metadata_mutation(scope: Scope) -> None:

@@ -525,6 +525,12 @@ class Scope:
         # exceptions that left a user dispatch while traced (See Note [An exception dispatch
         # raised that torch swallowed])
         self.raised: list[BaseException] = []
+        # exceptions user dispatch code caught itself while traced, other than a lookup's
+        # (See Note [An exception dispatch caught while traced])
+        self.caught: list[BaseException] = []
+        #: whether to note them: some user code dispatch can run handles exceptions (None:
+        #: where the dispatching class's own functions do)
+        self.watch_caught: bool | None = False
 
     # -- tracking -----------------------------------------------------------
 
@@ -603,7 +609,7 @@ class Scope:
         if name in d and not t.plain_inner and t.expected.get(name, MISSING) is not d[name]:
             # written through the dict by the traced code (``__dict__.setdefault("n", 0)``):
             # its own value, a write of this trace
-            self.settle()
+            self.catch_up()
             return get(t.obj, name)
         if name == "_version" and t.plain_inner:
             # what the version hooks answer when user code reads it (See _make_version_hooks)
@@ -685,6 +691,16 @@ class Scope:
     def settle(self) -> list[Write]:
         """Catch what attribute syntax did not show, and return the writes made since
         the last call, in order."""
+        self.catch_up()
+        new = self.events[self._settled_upto :]
+        self._settled_upto = len(self.events)
+        return new
+
+    def catch_up(self) -> None:
+        """Record as events what attribute syntax did not show (writes through the instance
+        dict, containers changed in place) up to now, leaving them to the next ``settle``: a
+        read of a name the op wrote through the dict catches up mid-op, and that write is
+        still one of the op's (taking it as settled there lost it: an outside tester's find)."""
         for t in list(self.tracked.values()):
             actual = user_state(obj_dict(t.obj))
             if t.plain_inner:  # torch keeps its own bookkeeping there: new names only
@@ -706,9 +722,6 @@ class Scope:
                 container = t.entry.get(name)
                 if name not in t.containers and actual.get(name) is container and _changed(container, contents):
                     self.events.append(Write(t, name, container, contents, in_place=True))
-        new = self.events[self._settled_upto :]
-        self._settled_upto = len(self.events)
-        return new
 
     def restore(self) -> None:
         """Put every tracked object back as it was when tracking began."""
@@ -889,6 +902,7 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
                 first_node, first_event = len(graph.nodes), len(scope.events)
             stack = _local.__dict__.setdefault("dispatching", [])
             stack.append(klass)
+            watching = scope is not None and _watch_caught(scope, klass)
             try:
                 return dispatch.__get__(None, klass)(func, types, args, kwargs)
             except Exception as exc:
@@ -896,6 +910,8 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
                     scope.raised.append(exc)
                 raise
             finally:
+                if watching:
+                    sys.settrace(None)
                 stack.pop()
                 if graph is not None:
                     names = tuple(n.name for n in itertools.islice(graph.nodes, first_node, None))
@@ -904,6 +920,98 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
 
         hooks["__torch_dispatch__"] = classmethod(__torch_dispatch__)
     return hooks
+
+
+# Note [An exception dispatch caught while traced]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Dispatch may try a fast path and catch what it raises (``try: self.np_max =
+# float(out.numpy().max()) except RuntimeError: self.fallbacks += 1``). While traced, torch
+# raises where eager does not: ``numpy()`` and ``data_ptr()`` on a fake tensor, a branch on
+# tensor data (``.item()``, ``nonzero`` sizes). The trace took the ``except`` branch and the
+# compiled program replayed it on every call, silently (an outside tester's find; stock
+# loses every write). Nothing shows an exception caught inside the function that raised it
+# but a trace function: while a user dispatch runs under a scope, one is set on the thread
+# (``sys.settrace``; only if none is set: a debugger's or coverage's is left alone, and then
+# this is not seen), where some user code dispatch can run handles exceptions itself (found
+# statically: free_state.Collector.catches, class_catches), since it slows every frame. It follows the user frames dispatch calls through user frames (no line
+# events; not a library torch calls on the way) and notes each exception that reaches one. What a lookup raises from user or dynamo_ext code (an absent attribute
+# answered on the real object, a missing key, an index out of range) raises alike in eager
+# and is left out; anything else caught in dispatch refuses the op (``dispatch_raised``;
+# eager under ``fullgraph=False``), since the traced branch may not be eager's.
+
+_LOOKUP_ERRORS = (AttributeError, KeyError, IndexError, StopIteration, StopAsyncIteration, GeneratorExit)
+_USER_CODE: dict[Any, bool] = {}
+
+
+def _is_user_frame_code(code: Any) -> bool:
+    user = _USER_CODE.get(code)
+    if user is None:
+        if len(_USER_CODE) > 8192:
+            _USER_CODE.clear()
+        name = code.co_filename
+        user = bool(name) and not name.startswith(("<frozen", _TORCH_DIR, _OWN_DIR, _STDLIB_DIR))
+        _USER_CODE[code] = user
+    return user
+
+
+_STDLIB_DIR = os.path.dirname(os.__file__)
+
+
+def _innermost_file(tb: Any) -> str:
+    name = ""
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    return name
+
+
+def _watch_caught(scope: Scope, klass: type) -> bool:
+    """Set the trace function noting exceptions in user frames for this dispatch call; False
+    where one is set already (an outer dispatch's, or a debugger's)."""
+    from . import free_state
+
+    watch = scope.watch_caught
+    if watch is None:
+        watch = free_state.class_catches(klass)
+    if not watch or sys.gettrace() is not None:
+        return False
+    caught = scope.caught
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "exception":
+            kind, exc, tb = arg
+            if not (issubclass(kind, _LOOKUP_ERRORS) and not _innermost_file(tb).startswith(_TORCH_DIR)):
+                if exc is not None and not any(exc is e for e in caught):
+                    caught.append(exc)
+        return local
+
+    entered: list[bool] = []
+
+    def call(frame: Any, event: str, arg: Any) -> Any:
+        # the first user frame (dispatch, under whatever decorator) and the user frames it
+        # calls through user frames only (not a library torch calls on the way: sympy
+        # catches its own errors)
+        if event != "call" or not _is_user_frame_code(frame.f_code):
+            return None
+        if entered:
+            caller = frame.f_back
+            if caller is None or caller.f_trace is not local:
+                return None
+        else:
+            entered.append(True)
+        frame.f_trace_lines = False
+        return local
+
+    sys.settrace(call)
+    return True
+
+
+def caught_here(scope: Scope, raised: list[BaseException]) -> BaseException | None:
+    """The first exception user dispatch caught while traced (not one that left it)."""
+    for exc in scope.caught:
+        if not any(exc is e for e in raised):
+            return exc
+    return None
 
 
 def _tracing_graph(scope: Scope | None) -> Any:

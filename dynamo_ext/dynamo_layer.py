@@ -1317,12 +1317,26 @@ def _propagate(
             checkpoint = _Checkpoint(scope)
             try:
                 del scope.raised[:]
+                del scope.caught[:]
+                scope.watch_caught = watched = state.collector.catches
                 with scope.active(), state.watch.watching() as changes:
                     result = original(node, tx, allow)
+                if state.collector.catches and not watched:
+                    checkpoint.rollback()  # code found while it ran handles exceptions: again, watched
+                    continue
                 writes = scope.settle()
                 users = _users_own(scope.raised)
                 if users:
                     raise _Refused(*_swallowed_refusal(state, node, users))
+                caught = capture.caught_here(scope, scope.raised)
+                if caught is not None:  # See Note [An exception dispatch caught while traced]
+                    raise _Refused(
+                        RefusalKind.DISPATCH_RAISED, _first_subclass(state, node), "<dispatch>",
+                        type(caught).__name__,
+                        f"dispatch caught {type(caught).__name__}({str(caught)[:200]!r}) while traced: torch "
+                        "raises there on traced tensors where eager may not, so the traced branch may "
+                        "not be eager's",
+                    )
                 if changes:
                     change = changes[0]
                     raise _Refused(

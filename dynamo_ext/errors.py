@@ -230,8 +230,9 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         ),
         Refusal(
             RefusalKind.DISPATCH_RAISED,
-            "Dispatch raised an exception while traced (a budget check on a counter; `divmod`, "
-            "numpy on a count or size that became symbolic; a branch on tensor data).",
+            "Dispatch raised an exception while traced, or caught one torch raised (a budget check; "
+            "`divmod` or numpy on a count or size that became symbolic; a branch on tensor data; "
+            "`numpy()` on a traced tensor).",
             "In eager the exception leaves the state dispatch wrote before raising; a compiled "
             "program cannot raise it at run time, nor branch on tensor data while traced. The op "
             "runs eagerly (fullgraph=False), where it raises as in eager.",
@@ -241,7 +242,7 @@ REFUSALS: dict[RefusalKind, Refusal] = {
                 "On counts and sizes, use what symbolic ints support (//, %, +, *, comparisons).",
                 "On tensor data, compute with torch.where instead of an if.",
             ),
-            "Dynamo",
+            "both",
             what="raised {value_type} while traced (state {attr!r})",
         ),
     ]

@@ -404,6 +404,9 @@ class Collector:
         # code found calling the builtin ``id`` (See Note [An object's identity while traced])
         self.identity_calls: list[str] = []
         self.writes_attributes = False  # some code found sets attributes, outside constructors
+        # some code found handles exceptions itself (See Note [An exception dispatch caught
+        # while traced] in capture.py)
+        self.catches = False
 
     def add_class(self, cls: type) -> None:
         """Dispatch may run the class's own methods without touching a tracked object
@@ -500,6 +503,7 @@ class Collector:
             if calls_id(code) and "id" not in f_globals:
                 self.identity_calls.append(getattr(code, "co_qualname", code.co_name))
             self.writes_attributes |= sets_attributes(code)
+            self.catches = self.catches or catches_exceptions(code)
             self.names.update(read_names(code))
             uses = uses_in(code)
             for name in loaded_globals(code):
@@ -552,6 +556,31 @@ def read_names(code: types.CodeType) -> frozenset[str]:
     """Names ``code`` may read attributes or items by: its attribute and global names, and
     its string constants (``getattr(obj, "scale")``, ``os.environ["MODE"]``)."""
     return frozenset(code.co_names) | frozenset(c for c in code.co_consts if type(c) is str and c.isidentifier())
+
+
+@functools.lru_cache(maxsize=4096)
+def catches_exceptions(code: types.CodeType) -> bool:
+    """The code handles exceptions itself (``try``/``except``, or a ``with`` block's exit)."""
+    handlers = ("PUSH_EXC_INFO",) if sys.version_info >= (3, 11) else ("SETUP_FINALLY", "SETUP_WITH", "SETUP_ASYNC_WITH")
+    return any(i.opname in handlers for i in dis.get_instructions(code))
+
+
+def _codes_in(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes_in(const)
+
+
+def class_catches(cls: type) -> bool:
+    """Some user function of the class (or a base) handles exceptions itself."""
+    return any(
+        catches_exceptions(c)
+        for klass in cls.__mro__
+        for fn in _functions_of(klass)
+        if is_user_code(fn.__code__.co_filename)
+        for c in _codes_in(fn.__code__)
+    )
 
 
 def _functions_of(value: Any) -> list[types.FunctionType]:

@@ -1077,3 +1077,25 @@ def test_a_dict_write_under_a_name_a_descriptor_owns(backend, fullgraph, name):
             with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="opaque_value"):
                 torch.compile(lambda w, x: w * x, backend=backend, fullgraph=True)(w, x)
             assert set(vars(w)) == {"elem"}
+
+
+class ReadsBackADictWrite(WrapperTensor):
+    """Dispatch counts in the instance dict and reads the count back by attribute in the same
+    op (``self.__dict__["hits"] = ...; self.last = self.hits``)."""
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is torch.ops.aten.mul.Tensor:
+            first.__dict__["hits"] = first.__dict__.get("hits", 0) + 1
+            first.last = first.hits * 10
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+def test_a_dict_write_read_back_in_the_same_op(backend, fullgraph):
+    """Reading back a name the op wrote through the dict took that write as seen, and the op's
+    writes no longer held it: ``hits`` was never replayed, ``last`` was (an outside tester's
+    find: a property's name written through ``vars(self)``)."""
+    make = lambda: [ReadsBackADictWrite(torch.tensor([1.0, -3.0, 2.0])), torch.ones(3)]  # noqa: E731
+    out = differential(lambda w, x: w * x, make, backend=backend, fullgraph=fullgraph, calls=3)
+    assert out.compiled_inputs[0].hits == 3 and out.compiled_inputs[0].last == 30
