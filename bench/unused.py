@@ -14,7 +14,7 @@ import torch
 import dynamo_ext
 
 from . import blocks
-from .programs import Quiet, fn, fresh, make
+from .programs import CatchesQuietly, Quiet, fn, fresh, make
 from .report import SectionResult, Table
 from .settings import Settings
 from .timing import Summary, calls_per_round, cold_compiles, interleaved, ratios
@@ -65,6 +65,7 @@ def programs(s: Settings) -> list[Program]:
     return [
         Program("plain tensor, x*3+1", _small(None, s.device)),
         Program("subclass (writes nothing), x*3+1", _small(Quiet, s.device)),
+        Program("subclass catching in dispatch (writes nothing), x*3+1", _small(CatchesQuietly, s.device)),
         Program(f"plain-weight block model ({s.model_blocks} blocks)", _model(None, s)),
         Program(
             f"block model, subclass weights that write nothing ({s.model_blocks} blocks)", _model(blocks.QuietWeight, s)
