@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import dis
 import itertools
 import os
 import sys
@@ -598,18 +599,19 @@ class Scope:
             ):
                 self._answer_all(t)
             return get(t.obj, name)
+        if name[:2] != "__" and not t.plain_inner and not is_torch_internal(name):
+            d = obj_dict(t.obj)
+            if name in d and t.expected.get(name, MISSING) is not d[name]:
+                # written through the dict by the traced code (``__dict__.setdefault("n", 0)``,
+                # a name read before as absent): its own value, a write of this trace
+                self.catch_up()
+                return get(t.obj, name)
         if t.real is None or self.answer is None or name in t.settled or name[:2] == "__":
             if t.on_read is not None and name not in t.settled and name[:2] != "__" and name not in t.written:
                 if name in t.flatten_names and not _called_from_user(3):
                     return get(t.obj, name)  # torch unwrapping the instance, not dispatch's read
                 t.settled.add(name)
                 t.on_read(t, name)
-            return get(t.obj, name)
-        d = obj_dict(t.obj)
-        if name in d and not t.plain_inner and t.expected.get(name, MISSING) is not d[name]:
-            # written through the dict by the traced code (``__dict__.setdefault("n", 0)``):
-            # its own value, a write of this trace
-            self.catch_up()
             return get(t.obj, name)
         if name == "_version" and t.plain_inner:
             # what the version hooks answer when user code reads it (See _make_version_hooks)
@@ -669,6 +671,7 @@ class Scope:
         t.dict_complete = True
 
     def write(self, t: Tracked, name: str, value: Any) -> None:
+        self.catch_up()  # what went through an instance dict before this write, first
         old = obj_dict(t.obj).get(name, MISSING)
         self.events.append(Write(t, name, value, old))
         t.written.add(name)
@@ -678,6 +681,7 @@ class Scope:
         t.containers.pop(name, None)
 
     def delete(self, t: Tracked, name: str) -> None:
+        self.catch_up()
         old = obj_dict(t.obj).get(name, MISSING)
         self.events.append(Write(t, name, MISSING, old))
         t.written.add(name)
@@ -931,13 +935,16 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
 # compiled program replayed it on every call, silently (an outside tester's find; stock
 # loses every write). Nothing shows an exception caught inside the function that raised it
 # but a trace function: while a user dispatch runs under a scope, one is set on the thread
-# (``sys.settrace``; only if none is set: a debugger's or coverage's is left alone, and then
-# this is not seen), where some user code dispatch can run handles exceptions itself (found
-# statically: free_state.Collector.catches, class_catches), since it slows every frame. It follows the user frames dispatch calls through user frames (no line
-# events; not a library torch calls on the way) and notes each exception that reaches one. What a lookup raises from user or dynamo_ext code (an absent attribute
-# answered on the real object, a missing key, an index out of range) raises alike in eager
-# and is left out; anything else caught in dispatch refuses the op (``dispatch_raised``;
-# eager under ``fullgraph=False``), since the traced branch may not be eager's.
+# (``sys.settrace``), where some user code dispatch can run handles exceptions itself (found
+# statically: free_state.Collector.catches, class_catches), since it slows every frame; and
+# only where none is set (a debugger's or coverage's is left alone, and then this is not
+# seen). It follows the user frames dispatch calls through user frames (no line events; not a
+# library torch calls on the way: sympy catches its own) and notes each exception reaching
+# one. What a lookup raises from user or dynamo_ext code (an absent attribute answered from
+# the real object, a missing key, an index out of range) and what user code raises itself (a
+# ``raise`` statement, on conditions the compiled code is guarded on) raise alike in eager and
+# are left out; anything else caught in dispatch refuses the op (``dispatch_raised``; eager
+# under ``fullgraph=False``), since the traced branch may not be eager's.
 
 _LOOKUP_ERRORS = (AttributeError, KeyError, IndexError, StopIteration, StopAsyncIteration, GeneratorExit)
 _USER_CODE: dict[Any, bool] = {}
@@ -957,12 +964,19 @@ def _is_user_frame_code(code: Any) -> bool:
 _STDLIB_DIR = os.path.dirname(os.__file__)
 
 
-def _innermost_file(tb: Any) -> str:
-    name = ""
-    while tb is not None:
-        name = tb.tb_frame.f_code.co_filename
+_RAISE = dis.opmap["RAISE_VARARGS"]
+
+
+def _eager_raises_alike(kind: type, tb: Any) -> bool:
+    """What a lookup raises from user or dynamo_ext code (an absent attribute answered from
+    the real object, a missing key), and what user code raises itself (a ``raise`` statement,
+    on conditions the compiled code is guarded on), raise alike in eager."""
+    while tb.tb_next is not None:
         tb = tb.tb_next
-    return name
+    code = tb.tb_frame.f_code
+    if issubclass(kind, _LOOKUP_ERRORS):
+        return not code.co_filename.startswith(_TORCH_DIR)
+    return _is_user_frame_code(code) and tb.tb_lasti < len(code.co_code) and code.co_code[tb.tb_lasti] == _RAISE
 
 
 def _watch_caught(scope: Scope, klass: type) -> bool:
@@ -980,8 +994,8 @@ def _watch_caught(scope: Scope, klass: type) -> bool:
     def local(frame: Any, event: str, arg: Any) -> Any:
         if event == "exception":
             kind, exc, tb = arg
-            if not (issubclass(kind, _LOOKUP_ERRORS) and not _innermost_file(tb).startswith(_TORCH_DIR)):
-                if exc is not None and not any(exc is e for e in caught):
+            if exc is not None and tb is not None and not _eager_raises_alike(kind, tb):
+                if not any(exc is e for e in caught):
                     caught.append(exc)
         return local
 

@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator, NoReturn
 
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import PendingUnbackedSymbolNotFound
 
 from . import capture, config, free_state, guards, handoff
 from .capture import Scope, Tracked, Write
@@ -831,7 +832,17 @@ class FrameState:
         if config.dynamo_layer:
             for w in writes:
                 if w.tracked.data is not None and _holds_unbacked(w.value) and symbolic_constant(w.value) is MISSING:
-                    early[id(w)] = self._graph_value_vt(w.tracked, w.tracked.data, w)
+                    try:
+                        early[id(w)] = self._graph_value_vt(w.tracked, w.tracked.data, w)
+                    except PendingUnbackedSymbolNotFound:
+                        # an expression of a data-dependent value (``x.sum().item() > 4``): the
+                        # graph can return the value the op made, not what dispatch built from it
+                        _refuse(
+                            RefusalKind.OPAQUE_VALUE, w.tracked, w.name, type(w.value).__name__,
+                            f"{w.value} is computed from a value of tensor data (.item()) in dispatch: "
+                            "the compiled program can return that value, not an expression of it",
+                            hint="Write the tensor itself (self.big = out.abs().max() > 4.0).",
+                        )
         for w in writes:
             t = w.tracked
             ref: Ref | None = t.data
@@ -1329,14 +1340,8 @@ def _propagate(
                 if users:
                     raise _Refused(*_swallowed_refusal(state, node, users))
                 caught = capture.caught_here(scope, scope.raised)
-                if caught is not None:  # See Note [An exception dispatch caught while traced]
-                    raise _Refused(
-                        RefusalKind.DISPATCH_RAISED, _first_subclass(state, node), "<dispatch>",
-                        type(caught).__name__,
-                        f"dispatch caught {type(caught).__name__}({str(caught)[:200]!r}) while traced: torch "
-                        "raises there on traced tensors where eager may not, so the traced branch may "
-                        "not be eager's",
-                    )
+                if caught is not None:
+                    raise _Refused(*_caught_refusal(state, node, caught))
                 if changes:
                     change = changes[0]
                     raise _Refused(
@@ -1377,6 +1382,9 @@ def _propagate(
                         "dispatch computes with a real tensor it reaches through a global or closure variable "
                         f"({', '.join(state.tensor_reads)}): the compiled program cannot take it as an input",
                     )
+                caught = capture.caught_here(scope, scope.raised)
+                if caught is not None:  # what dispatch caught left the op in a state it failed on
+                    _graph_break(*_caught_refusal(state, node, caught))
                 left = _left_dispatch(exc, scope.raised)
                 if left is not None:
                     _graph_break(
@@ -1466,6 +1474,15 @@ def _left_dispatch(exc: BaseException, raised: list[BaseException]) -> BaseExcep
             return None
         exc = inner
     return None
+
+
+def _caught_refusal(state: FrameState, node: torch.fx.Node, caught: BaseException) -> tuple:
+    """See Note [An exception dispatch caught while traced] in capture.py."""
+    return (
+        RefusalKind.DISPATCH_RAISED, _first_subclass(state, node), "<dispatch>", type(caught).__name__,
+        f"dispatch caught {type(caught).__name__}({str(caught)[:200]!r}) while traced: torch raises "
+        "there on traced tensors where eager may not, so the traced branch may not be eager's",
+    )
 
 
 def _raised_in(exc: BaseException) -> str | None:

@@ -1342,12 +1342,50 @@ class CountsWithLookups(WrapperTensor):
             first.by_op = first.by_op + ("mul",)
         except (AttributeError, KeyError):
             first.by_op = ("mul",)
+        try:
+            if first.hits > 2:
+                raise ValueError("over budget")
+            first.within = True
+        except ValueError:
+            first.over = True
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_a_lookup_error_dispatch_catches_compiles(backend):
-    """What a lookup raises (an absent attribute, answered from the real object) raises alike
-    in eager: caught by dispatch, it compiles whole."""
+    """What a lookup raises (an absent attribute, answered from the real object) and what
+    dispatch raises itself (a budget check) raise alike in eager: caught by dispatch, the
+    op compiles whole (an outside tester listed the second as refused)."""
     make = lambda: [CountsWithLookups(torch.tensor([1.0, -3.0, 2.0])), torch.ones(3)]  # noqa: E731
-    out = differential(lambda w, x: w * x, make, backend=backend, fullgraph=True, calls=3)
-    assert out.compiled_inputs[0].hits == 3 and out.compiled_inputs[0].by_op == ("mul",) * 3
+    out = differential(lambda w, x: w * x, make, backend=backend, fullgraph=True, calls=4)
+    w = out.compiled_inputs[0]
+    assert w.hits == 4 and w.by_op == ("mul",) * 4 and w.within and w.over
+
+
+class FlagsBigValues(WrapperTensor):
+    """Keeps whether its last result was large, from ``.item()`` (a bool made from data)."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
+        if isinstance(args[0], cls):
+            args[0].big = out.abs().max().item() > 4.0
+        return cls(out) if isinstance(out, torch.Tensor) else out
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+def test_a_comparison_of_an_item_written(backend, fullgraph):
+    """``self.big = out.abs().max().item() > 4.0``: the graph can return the data-dependent
+    value the op made, not an expression of it; it failed inside Dynamo
+    (``PendingUnbackedSymbolNotFound``, an outside tester's find). Refused as
+    ``opaque_value``, eager under ``fullgraph=False``."""
+    make = lambda: [FlagsBigValues(torch.tensor([1.0, -2.0, 3.0]))]  # noqa: E731
+    if fullgraph:
+        torch._dynamo.reset()
+        (w,) = make()
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: opaque_value"):
+            torch.compile(lambda w: w * 2, backend=backend, fullgraph=True)(w)
+        assert set(vars(w)) == {"elem"}
+        return
+    out = differential(lambda w: w * 2, make, backend=backend, fullgraph=False, calls=2)
+    assert out.compiled_inputs[0].big is True

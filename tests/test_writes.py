@@ -1086,8 +1086,10 @@ class ReadsBackADictWrite(WrapperTensor):
     @classmethod
     def on_op(cls, func, first):
         if func is torch.ops.aten.mul.Tensor:
-            first.__dict__["hits"] = first.__dict__.get("hits", 0) + 1
+            first.__dict__["hits"] = getattr(first, "hits", 0) + 1
             first.last = first.hits * 10
+            first.amax = first.elem.abs().max()
+            first.__dict__["seen"] = True
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
@@ -1095,7 +1097,32 @@ class ReadsBackADictWrite(WrapperTensor):
 def test_a_dict_write_read_back_in_the_same_op(backend, fullgraph):
     """Reading back a name the op wrote through the dict took that write as seen, and the op's
     writes no longer held it: ``hits`` was never replayed, ``last`` was (an outside tester's
-    find: a property's name written through ``vars(self)``)."""
+    find: a property's name written through ``vars(self)``). A dict write is ordered among the
+    op's writes where it was made (a later round's find: after a tensor write, on aot_eager)."""
     make = lambda: [ReadsBackADictWrite(torch.tensor([1.0, -3.0, 2.0])), torch.ones(3)]  # noqa: E731
     out = differential(lambda w, x: w * x, make, backend=backend, fullgraph=fullgraph, calls=3)
     assert out.compiled_inputs[0].hits == 3 and out.compiled_inputs[0].last == 30
+    # the order is dispatch's, a name first read as absent and then written through the dict too
+    assert list(vars(out.compiled_inputs[0])) == list(vars(out.eager_inputs[0])) == ["elem", "hits", "last", "amax", "seen"]
+
+
+class KeepsASumThroughItsDict(WrapperTensor):
+    """Every op keeps its result's sum through the dict and reads it back."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
+        first = next((a for a in args if isinstance(a, cls)), None)
+        if first is not None and isinstance(out, torch.Tensor):
+            first.__dict__["k"] = out.sum()
+            first.k2 = first.k * 2
+        return cls(out) if isinstance(out, torch.Tensor) else out
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_dict_write_read_back_on_an_incoming_gradient(backend):
+    """In the backward, the same op on the incoming gradient (``grad * x``) reads back what it
+    wrote through the gradient's dict: its own write, answered (it was refused as a read of
+    the gradient's state, ``unsupported_state_read``: an outside tester's find)."""
+    make = lambda: [KeepsASumThroughItsDict(torch.tensor([1.0, -3.0, 2.0]), requires_grad=True)]  # noqa: E731
+    differential(lambda w: w * 2 + 1, make, backend=backend, fullgraph=True, calls=2, backward=True)
