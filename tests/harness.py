@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 from typing import Any, Callable, Sequence
 
+import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._subclasses.fake_tensor import FakeTensor
@@ -224,3 +225,13 @@ def differential(
             if isinstance(e, torch.Tensor):
                 assert_same_state(e, c, f"call {call} input {i}")
     return Outcome(counter, eager_inputs, compiled_inputs)
+
+
+def assert_refused_untouched(fn: Callable[..., Any], make_inputs: Callable[[], Sequence[Any]], backend: str, kind: str) -> None:
+    """``fn`` compiled with ``fullgraph=True`` is refused as ``kind`` at its first call, and its
+    first input keeps only what it was built with (``elem``)."""
+    torch._dynamo.reset()
+    inputs = list(make_inputs())
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=f"dynamo_ext: {kind}"):
+        torch.compile(fn, backend=backend, fullgraph=True)(*inputs)
+    assert set(vars(inputs[0])) == {"elem"}

@@ -13,7 +13,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 import dynamo_ext
 import subclasses as S
 from dynamo_ext.testing import WrapperTensor
-from harness import assert_same_state, differential, stock_torch
+from harness import assert_refused_untouched, assert_same_state, differential, stock_torch
 
 
 def one(cls, **attrs):
@@ -986,11 +986,7 @@ def test_a_property_setter_or_own_setattr_decides_where_a_write_lands(backend, f
     make = lambda: [cls(torch.tensor([1.0, -3.0, 2.0])), torch.ones(3)]  # noqa: E731
     if cls is not ScaleProperty and fullgraph:
         # Dynamo replays with STORE_ATTR, through the class's own __setattr__ a second time
-        torch._dynamo.reset()
-        w, x = make()
-        with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: opaque_value"):
-            torch.compile(lambda w, x: w * x, backend=backend, fullgraph=True)(w, x)
-        assert set(vars(w)) == {"elem"}
+        assert_refused_untouched(lambda w, x: w * x, make, backend, "opaque_value")
         return
     differential(lambda w, x: w * x, make, backend=backend, fullgraph=fullgraph, calls=3)
 
@@ -1019,12 +1015,17 @@ def test_a_class_counting_sets_in_its_own_setattr(backend):
     make = lambda: [CountsSets(torch.tensor([1.0, -3.0, 2.0])), torch.ones(3)]  # noqa: E731
     differential(lambda w, x: w * x, make, backend=backend, fullgraph=False, calls=3)
     if backend == "aot_eager":
-        with dynamo_ext.config.patch(dynamo_layer=False):
-            torch._dynamo.reset()
-            w, x = make()
-            with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="opaque_value"):
-                torch.compile(lambda w, x: w * x, backend=backend, fullgraph=True)(w, x)
-            assert set(vars(w)) == {"elem"}
+        _aot_layer_alone_refuses(make, "opaque_value")
+
+
+def _aot_layer_alone_refuses(make, kind):
+    """The AOTAutograd layer alone (Dynamo's off) refuses ``w * x`` as ``kind``, ``w`` untouched."""
+    with dynamo_ext.config.patch(dynamo_layer=False):
+        torch._dynamo.reset()
+        w, x = make()
+        with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match=kind):
+            torch.compile(lambda w, x: w * x, backend="aot_eager", fullgraph=True)(w, x)
+        assert set(vars(w)) == {"elem"}
 
 
 class WritesUnderADescriptor(WrapperTensor):
@@ -1062,21 +1063,12 @@ def test_a_dict_write_under_a_name_a_descriptor_owns(backend, fullgraph, name):
     W.name = name
     make = lambda: [W(torch.tensor([1.0, -3.0, 2.0])), torch.ones(3)]  # noqa: E731
     if fullgraph:
-        torch._dynamo.reset()
-        w, x = make()
-        with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: opaque_value"):
-            torch.compile(lambda w, x: w * x, backend=backend, fullgraph=True)(w, x)
-        assert set(vars(w)) == {"elem"}
+        assert_refused_untouched(lambda w, x: w * x, make, backend, "opaque_value")
         return
     out = differential(lambda w, x: w * x, make, backend=backend, fullgraph=False, calls=2)
     assert out.eager_inputs[0].__dict__[name] == "seen" and "_scale" not in vars(out.compiled_inputs[0])
     if backend == "aot_eager":
-        with dynamo_ext.config.patch(dynamo_layer=False):
-            torch._dynamo.reset()
-            w, x = make()
-            with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="opaque_value"):
-                torch.compile(lambda w, x: w * x, backend=backend, fullgraph=True)(w, x)
-            assert set(vars(w)) == {"elem"}
+        _aot_layer_alone_refuses(make, "opaque_value")
 
 
 class ReadsBackADictWrite(WrapperTensor):
