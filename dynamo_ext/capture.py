@@ -916,6 +916,7 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
             finally:
                 if watching:
                     sys.settrace(None)
+                    _local.caught_tracer = None
                 stack.pop()
                 if graph is not None:
                     names = tuple(n.name for n in itertools.islice(graph.nodes, first_node, None))
@@ -939,8 +940,8 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
 # statically: free_state.Collector.catches, class_catches), since it slows every frame; and
 # only where none is set (a debugger's or coverage's is left alone, and then this is not
 # seen). It follows the user frames dispatch calls through user frames (no line events; not a
-# library torch calls on the way: sympy catches its own) and notes each exception reaching
-# one. What a lookup raises from user or dynamo_ext code (an absent attribute answered from
+# library torch calls on the way: sympy catches its own), and a nested subclass's dispatch
+# run from them, and notes each exception reaching one. What a lookup raises from user or dynamo_ext code (an absent attribute answered from
 # the real object, a missing key, an index out of range) and what user code raises itself (a
 # ``raise`` statement, on conditions the compiled code is guarded on) raise alike in eager and
 # are left out; anything else caught in dispatch refuses the op (``dispatch_raised``; eager
@@ -987,7 +988,14 @@ def _watch_caught(scope: Scope, klass: type) -> bool:
     watch = scope.watch_caught
     if watch is None:
         watch = free_state.class_catches(klass)
-    if not watch or sys.gettrace() is not None:
+    current = sys.gettrace()
+    if current is not None:
+        if current is getattr(_local, "caught_tracer", None):
+            # a nested subclass's dispatch, called from the watched one through torch's
+            # frames: its frames are followed too
+            _local.caught_reroot = True
+        return False
+    if not watch:
         return False
     caught = scope.caught
 
@@ -1007,15 +1015,18 @@ def _watch_caught(scope: Scope, klass: type) -> bool:
         # catches its own errors)
         if event != "call" or not _is_user_frame_code(frame.f_code):
             return None
-        if entered:
+        if entered and not _local.caught_reroot:
             caller = frame.f_back
             if caller is None or caller.f_trace is not local:
                 return None
         else:
             entered.append(True)
+            _local.caught_reroot = False
         frame.f_trace_lines = False
         return local
 
+    _local.caught_tracer = call
+    _local.caught_reroot = False
     sys.settrace(call)
     return True
 

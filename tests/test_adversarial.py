@@ -1389,3 +1389,32 @@ def test_a_comparison_of_an_item_written(backend, fullgraph):
         return
     out = differential(lambda w: w * 2, make, backend=backend, fullgraph=False, calls=2)
     assert out.compiled_inputs[0].big is True
+
+
+class WrapsAFallingBack(WrapperTensor):
+    """An outer wrapper around a ``FallsBack`` (nested subclasses); it writes nothing."""
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_an_exception_a_nested_dispatch_catches_while_traced(backend):
+    """The inner subclass's dispatch, run from the outer one's, catches what ``numpy()``
+    raises on a traced tensor: watched as the outer dispatch's own is (eager under
+    ``fullgraph=False``, refused under ``fullgraph=True``)."""
+
+    class Inner(FallsBack):
+        pass
+
+    Inner.body = staticmethod(_CAUGHT_BODIES["numpy"])
+
+    def make():
+        return [WrapsAFallingBack(Inner(torch.tensor([1.0, -2.0, 0.5]))), torch.tensor([0.5, 1.0, 1.5])]
+
+    def f(w, x):
+        return w * x
+
+    torch._dynamo.reset()
+    w, x = make()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: dispatch_raised"):
+        torch.compile(f, backend=backend, fullgraph=True)(w, x)
+    assert set(vars(w.elem)) == {"elem"}
+    differential(f, make, backend=backend, fullgraph=False, calls=3)
