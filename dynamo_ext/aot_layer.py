@@ -1465,7 +1465,7 @@ def _refuse_caught(scope: Scope) -> None:
         raise SubclassWriteError(
             RefusalKind.DISPATCH_RAISED, next((t.cls_name for t in scope.tracked.values()), "traced function"),
             "<dispatch>", type(caught).__name__,
-            context=f"dispatch caught {type(caught).__name__}({str(caught)[:200]!r}) while traced ({scope.label})",
+            context=f"{capture.caught_context(caught)} ({scope.label})",
         )
 
 

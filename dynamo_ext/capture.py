@@ -52,7 +52,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
-from . import _patches
+from . import _patches, free_state
 from .values import (
     MISSING,
     PLAIN_MUTABLE,
@@ -532,6 +532,7 @@ class Scope:
         #: whether to note them: some user code dispatch can run handles exceptions (None:
         #: where the dispatching class's own functions do)
         self.watch_caught: bool | None = False
+        self.classes_catching: dict[type, bool] = {}  # free_state.class_catches, by class
 
     # -- tracking -----------------------------------------------------------
 
@@ -941,30 +942,13 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
 # only where none is set (a debugger's or coverage's is left alone, and then this is not
 # seen). It follows the user frames dispatch calls through user frames (no line events; not a
 # library torch calls on the way: sympy catches its own), and a nested subclass's dispatch
-# run from them, and notes each exception reaching one. What a lookup raises from user or dynamo_ext code (an absent attribute answered from
-# the real object, a missing key, an index out of range) and what user code raises itself (a
-# ``raise`` statement, on conditions the compiled code is guarded on) raise alike in eager and
-# are left out; anything else caught in dispatch refuses the op (``dispatch_raised``; eager
+# run from them, and notes each exception reaching one. What a lookup raises from user or
+# dynamo_ext code (an absent attribute answered from the real object, a missing key, an index
+# out of range) and what user code raises itself (a ``raise`` statement, on conditions the
+# compiled code is guarded on) raise alike in eager and are left out; anything else caught in dispatch refuses the op (``dispatch_raised``; eager
 # under ``fullgraph=False``), since the traced branch may not be eager's.
 
 _LOOKUP_ERRORS = (AttributeError, KeyError, IndexError, StopIteration, StopAsyncIteration, GeneratorExit)
-_USER_CODE: dict[Any, bool] = {}
-
-
-def _is_user_frame_code(code: Any) -> bool:
-    user = _USER_CODE.get(code)
-    if user is None:
-        if len(_USER_CODE) > 8192:
-            _USER_CODE.clear()
-        name = code.co_filename
-        user = bool(name) and not name.startswith(("<frozen", _TORCH_DIR, _OWN_DIR, _STDLIB_DIR))
-        _USER_CODE[code] = user
-    return user
-
-
-_STDLIB_DIR = os.path.dirname(os.__file__)
-
-
 _RAISE = dis.opmap["RAISE_VARARGS"]
 
 
@@ -977,17 +961,17 @@ def _eager_raises_alike(kind: type, tb: Any) -> bool:
     code = tb.tb_frame.f_code
     if issubclass(kind, _LOOKUP_ERRORS):
         return not code.co_filename.startswith(_TORCH_DIR)
-    return _is_user_frame_code(code) and tb.tb_lasti < len(code.co_code) and code.co_code[tb.tb_lasti] == _RAISE
+    return free_state.is_user_code(code.co_filename) and tb.tb_lasti < len(code.co_code) and code.co_code[tb.tb_lasti] == _RAISE
 
 
 def _watch_caught(scope: Scope, klass: type) -> bool:
     """Set the trace function noting exceptions in user frames for this dispatch call; False
     where one is set already (an outer dispatch's, or a debugger's)."""
-    from . import free_state
-
     watch = scope.watch_caught
     if watch is None:
-        watch = free_state.class_catches(klass)
+        watch = scope.classes_catching.get(klass)
+        if watch is None:
+            watch = scope.classes_catching[klass] = free_state.class_catches(klass)
     current = sys.gettrace()
     if current is not None:
         if current is getattr(_local, "caught_tracer", None):
@@ -1013,7 +997,7 @@ def _watch_caught(scope: Scope, klass: type) -> bool:
         # the first user frame (dispatch, under whatever decorator) and the user frames it
         # calls through user frames only (not a library torch calls on the way: sympy
         # catches its own errors)
-        if event != "call" or not _is_user_frame_code(frame.f_code):
+        if event != "call" or not free_state.is_user_code(frame.f_code.co_filename):
             return None
         if entered and not _local.caught_reroot:
             caller = frame.f_back
@@ -1037,6 +1021,14 @@ def caught_here(scope: Scope, raised: list[BaseException]) -> BaseException | No
         if not any(exc is e for e in raised):
             return exc
     return None
+
+
+def caught_context(caught: BaseException) -> str:
+    """What a ``dispatch_raised`` refusal of a caught exception says (both layers)."""
+    return (
+        f"dispatch caught {type(caught).__name__}({str(caught)[:200]!r}) while traced: torch raises "
+        "there on traced tensors where eager may not, so the traced branch may not be eager's"
+    )
 
 
 def _tracing_graph(scope: Scope | None) -> Any:

@@ -1415,17 +1415,20 @@ def _holds_unbacked(value: Any) -> bool:
     return any(isinstance(p, SYMBOLIC_TYPES) and free_unbacked_symbols(p) for p in parts)
 
 
+def _chain(exc: BaseException, most: int = 6) -> Iterator[BaseException]:
+    """``exc`` and what it wraps (its cause, or the exception it was raised handling)."""
+    for _ in range(most):
+        yield exc
+        inner = exc.__cause__ or exc.__context__
+        if inner is None:
+            return
+        exc = inner
+
+
 def _real_tensor_in_fake_propagation(exc: BaseException) -> bool:
     """Fake propagation failed on a real tensor among an op's arguments (FakeTensorMode's
     "Please convert all Tensors to FakeTensors first")."""
-    for _ in range(6):
-        if "convert all Tensors to FakeTensors" in str(exc):
-            return True
-        inner = exc.__cause__ or exc.__context__
-        if inner is None:
-            return False
-        exc = inner
-    return False
+    return any("convert all Tensors to FakeTensors" in str(e) for e in _chain(exc))
 
 
 def _reading_frame() -> Any:
@@ -1466,22 +1469,14 @@ def _left_dispatch(exc: BaseException, raised: list[BaseException]) -> BaseExcep
     with its dispatch frame left uncompiled: Dynamo compiling that frame after the graph
     break crashed reading ``self.__dict__`` (an outside tester's find). Returns what left
     dispatch (``exc`` or what it wraps), or None where the failure was not inside one."""
-    for _ in range(6):
-        if any(exc is e for e in raised):
-            return exc
-        inner = exc.__cause__ or exc.__context__
-        if inner is None:
-            return None
-        exc = inner
-    return None
+    return next((e for e in _chain(exc) if any(e is r for r in raised)), None)
 
 
 def _caught_refusal(state: FrameState, node: torch.fx.Node, caught: BaseException) -> tuple:
     """See Note [An exception dispatch caught while traced] in capture.py."""
     return (
         RefusalKind.DISPATCH_RAISED, _first_subclass(state, node), "<dispatch>", type(caught).__name__,
-        f"dispatch caught {type(caught).__name__}({str(caught)[:200]!r}) while traced: torch raises "
-        "there on traced tensors where eager may not, so the traced branch may not be eager's",
+        capture.caught_context(caught),
     )
 
 
