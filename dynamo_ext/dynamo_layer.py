@@ -557,28 +557,42 @@ class FrameState:
         """Note [Inference mode while traced]
         ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
         Dynamo turns ``torch.inference_mode`` off while it compiles (it is on again when the
-        compiled code runs), so dispatch code reading ``torch.is_inference_mode_enabled()``
-        is answered False in every trace, where eager's answer is the caller's. Where the
-        code the op runs names it: a compile under inference mode refuses the op
-        (``unsupported_state_read``; eager under ``fullgraph=False``), and any other is
-        guarded on inference mode being off, so a later call under it compiles again (and
-        refuses). An outside tester found the traced False written and branched on."""
-        if "is_inference_mode_enabled" not in self.collector.names or self._inference_guarded:
+        compiled code runs), and inside a traced ``with torch.inference_mode():`` it turns
+        grad off instead. Eager under inference mode differs in two ways dispatch can see:
+        ``torch.is_inference_mode_enabled()`` answers True, and, the autograd keys being
+        off, composite ops reach dispatch whole (``aten.matmul``, ``aten.linear``) where
+        the trace hands it their parts (``aten.mm``): a float8 weight counting its ``mm``
+        calls counts where eager does not (an outside tester's find). So an op a writing
+        class (or code reading the mode) takes part in is refused where eager would run it
+        under inference mode: the caller's mode, or the innermost traced
+        ``inference_mode`` block (an ``_enter_inference_mode`` node whose exit is not
+        made yet) (``unsupported_state_read``; eager under ``fullgraph=False``); and any
+        other compile is guarded on inference mode being off, so a later call under it
+        (where grad mode, which Dynamo guards, may be off alike) compiles again and
+        refuses (guarded on the caller's mode: an op in an ``inference_mode(False)`` block
+        compiles under inference mode)."""
+        reads_mode = "is_inference_mode_enabled" in self.collector.names
+        if not (reads_mode or self.collector.writes_attributes):
             return
-        if CALLER_INFERENCE_MODE.get():
+        if _eager_inference_mode(self.tx):
             _refuse(
-                RefusalKind.UNSUPPORTED_STATE_READ, next(iter(self.scope.tracked.values())), "is_inference_mode_enabled()",
-                "bool", "the call runs under torch.inference_mode, which Dynamo turns off while it traces: dispatch "
-                "would read False where eager reads True",
+                RefusalKind.UNSUPPORTED_STATE_READ, next(iter(self.scope.tracked.values())), "torch.inference_mode",
+                "bool", "the op runs under torch.inference_mode, which Dynamo turns off while it traces: dispatch "
+                + ("would read is_inference_mode_enabled() False where eager reads True"
+                   if reads_mode else "is handed composite ops whole in eager (aten.matmul) and their parts "
+                   "(aten.mm) in the trace, so what it writes could differ"),
                 hint="Compile the function under torch.no_grad() instead, or let the op run eagerly "
                 "(fullgraph=False graph-breaks there).",
             )
+        if self._inference_guarded:
+            return
         from torch._dynamo.source import GlobalSource
 
         self._inference_guarded = True
         holder = self.tx.output.install_global_by_id("__dynamo_ext_torch", torch)
+        caller = CALLER_INFERENCE_MODE.get()  # True where the op is in an inference_mode(False) block
         guards.lambda_(
-            GlobalSource(holder), lambda t: not t.is_inference_mode_enabled(), ".is_inference_mode_enabled() is False"
+            GlobalSource(holder), lambda t: t.is_inference_mode_enabled() is caller, f".is_inference_mode_enabled() is {caller}"
         )
 
     def _guard_reached(
@@ -1579,6 +1593,18 @@ CALLER_INFERENCE_MODE: contextvars.ContextVar[bool] = contextvars.ContextVar("dy
 COMPILE_WATCH: contextvars.ContextVar[free_state.CompileWatch | None] = contextvars.ContextVar(
     "dynamo_ext_compile_watch", default=None
 )
+
+
+def _eager_inference_mode(tx: Any) -> bool:
+    """Whether eager runs the op being traced under inference mode (See Note [Inference mode
+    while traced]): the innermost ``inference_mode`` block the traced code is in, else the
+    caller's mode."""
+    graph = tx.output.graph
+    entered = graph.find_nodes(op="call_function", target=torch.autograd.grad_mode._enter_inference_mode)
+    open_blocks = [n for n in entered if not n.users]  # the exit takes the enter node
+    if open_blocks:
+        return bool(open_blocks[-1].args[0])
+    return CALLER_INFERENCE_MODE.get()
 
 
 def make_inference_mode_hook(original: Callable[..., Any]) -> Callable[..., Any]:

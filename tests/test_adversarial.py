@@ -1418,3 +1418,74 @@ def test_an_exception_a_nested_dispatch_catches_while_traced(backend):
         torch.compile(f, backend=backend, fullgraph=True)(w, x)
     assert set(vars(w.elem)) == {"elem"}
     differential(f, make, backend=backend, fullgraph=False, calls=3)
+
+
+class CountsMatmuls(WrapperTensor):
+    """A float8-style weight counting the matmuls it takes part in, by the op dispatch is
+    handed: ``aten.mm`` as autograd decomposes ``x @ w``, or ``aten.matmul`` whole (eager
+    under ``torch.inference_mode``, where the autograd keys are off)."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        for a in args:
+            if isinstance(a, cls):
+                if func is torch.ops.aten.mm.default:
+                    a.mm_calls = getattr(a, "mm_calls", 0) + 1
+                elif func is torch.ops.aten.matmul.default:
+                    a.matmul_calls = getattr(a, "matmul_calls", 0) + 1
+        return func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
+
+
+@torch.inference_mode()
+def _matmul_for_inference(x, w):
+    return x @ w
+
+
+def _matmul_in_block(x, w, mode=True):
+    with torch.inference_mode(mode):
+        y = x @ w
+    return y + 1
+
+
+_INFERENCE_PROGRAMS = {
+    # the caller's mode changes between calls: (grad enabled?, inference mode?) per call
+    "caller": (lambda x, w: x @ w, [(False, False), (False, True), (False, False), (False, True), (True, False)]),
+    "block": (_matmul_in_block, [(True, False)] * 3),
+    "decorated": (lambda x, w: _matmul_for_inference(x, w) + 1, [(True, False)] * 3),
+    # inference_mode(False) inside inference_mode(True): the autograd keys are on again
+    "block_off": (lambda x, w: _matmul_in_block(x, w, mode=False), [(False, True)] * 3),
+}
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("where", list(_INFERENCE_PROGRAMS))
+def test_a_writing_subclass_under_inference_mode(backend, fullgraph, where):
+    """Note [Inference mode while traced]: under ``torch.inference_mode`` eager's dispatch is
+    handed ``aten.matmul`` whole, the trace (Dynamo keeps inference mode off) ``aten.mm``:
+    the compiled call counted ``mm`` where eager counted ``matmul``, silently, also from a
+    graph compiled under ``no_grad`` and served to a later inference-mode call (an outside
+    tester's find). Now such an op is refused (eager under ``fullgraph=False``), whether the
+    mode is the caller's, a block or a decorator in the compiled code."""
+    fn, modes = _INFERENCE_PROGRAMS[where]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend, fullgraph=fullgraph)
+    we, wc = CountsMatmuls(torch.ones(3, 3)), CountsMatmuls(torch.ones(3, 3))
+    x = torch.ones(2, 3)
+    refused = 0
+    for call, (grad, inference) in enumerate(modes):
+        with torch.set_grad_enabled(grad), torch.inference_mode(inference):
+            eager_runs_under_it = (inference and where != "block_off") or where in ("block", "decorated")
+            if fullgraph and eager_runs_under_it:
+                before = dict(vars(wc))
+                with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: unsupported_state_read"):
+                    compiled(x, wc)
+                assert vars(wc) == before, f"call {call}: refused, but the input changed"
+                refused += 1
+                continue
+            oe, oc = fn(x, we), compiled(x, wc)
+        torch.testing.assert_close(oc, oe)
+        assert_same_state(we, wc, f"call {call} ({where})")
+    assert refused == (sum(1 for g, i in modes if i) if where == "caller" else len(modes) if where in ("block", "decorated") else 0) or not fullgraph
+    if not fullgraph and where != "block_off":
+        assert getattr(wc, "matmul_calls", 0) > 0  # eager's matmul was seen, as eager sees it
