@@ -612,6 +612,7 @@ class Planner:
         for scope in self._late:
             events = scope.kept if scope.kept is not None else scope.settle()
             _refuse_caught(scope)
+            _refuse_split(scope)
             nodes_of = scope.call_nodes or {}
             calls.extend(
                 nodes_of.get(id(e)) for e in events if isinstance(e.tracked.data, _Where)
@@ -1423,6 +1424,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                 )
             writes = scope.settle()
             _refuse_caught(scope)
+            _refuse_split(scope)
             _refuse_inner_metadata_mutation(scope)
             net = scope.net_writes(writes)
             read = _tensors_read(scope)
@@ -1467,6 +1469,17 @@ def _refuse_caught(scope: Scope) -> None:
             "<dispatch>", type(caught).__name__,
             context=f"{capture.caught_context(caught)} ({scope.label})",
         )
+
+
+def _refuse_split(scope: Scope) -> None:
+    """See Note [An op split while traced] in capture.py: a writing class's dispatch handed
+    the parts of an op eager hands it whole."""
+    for split in scope.decomposed:
+        if free_state.class_writes(split[0]):
+            raise SubclassWriteError(
+                RefusalKind.TRACED_OPS_DIFFER, split[0].__name__, "<dispatch>", split[1],
+                context=f"{capture.split_context(split)} ({scope.label})",
+            )
 
 
 def _refuse_inner_metadata_mutation(scope: Scope) -> None:

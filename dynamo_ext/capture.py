@@ -43,6 +43,8 @@ import contextlib
 import copy
 import dataclasses
 import dis
+import functools
+import inspect
 import itertools
 import os
 import sys
@@ -73,8 +75,9 @@ def obj_dict(obj: Any) -> dict:
     return _get_dict(obj, "__dict__")
 
 
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_OWN_DIR = os.path.dirname(__file__)
+# with the separator: torchao's, torchvision's files are not torch's
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OWN_DIR = os.path.dirname(__file__) + os.sep
 
 
 def _called_from_torch(depth: int) -> bool:
@@ -533,6 +536,9 @@ class Scope:
         #: where the dispatching class's own functions do)
         self.watch_caught: bool | None = False
         self.classes_catching: dict[type, bool] = {}  # free_state.class_catches, by class
+        #: (class, decomposed op) for each user dispatch call handed a part of an op torch's
+        #: Python decomposition split while traced (See Note [An op split while traced])
+        self.decomposed: list[tuple[type, str]] = []
 
     # -- tracking -----------------------------------------------------------
 
@@ -907,6 +913,10 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
                 first_node, first_event = len(graph.nodes), len(scope.events)
             stack = _local.__dict__.setdefault("dispatching", [])
             stack.append(klass)
+            if scope is not None:
+                split = _split_by(sys._getframe(1))
+                if split is not None:
+                    scope.decomposed.append((klass, split))
             watching = scope is not None and _watch_caught(scope, klass)
             try:
                 return dispatch.__get__(None, klass)(func, types, args, kwargs)
@@ -1013,6 +1023,97 @@ def _watch_caught(scope: Scope, klass: type) -> bool:
     _local.caught_reroot = False
     sys.settrace(call)
     return True
+
+
+# Note [An op split while traced]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Tracing runs with torch's Python dispatcher on, which splits some ops into their parts with
+# Python decompositions. Those registered for the autograd keys (``hardshrink``,
+# ``softshrink``, ``dropout``, ``native_batch_norm``, ``upsample_*``, ``rnn_*``) stand where
+# eager has a kernel of its own and hands dispatch the op whole; those for
+# CompositeImplicitAutograd stand for the C++ decomposition eager runs, not always alike
+# (``one_hot``; ``matmul`` with a batched second operand hands dispatch ``expand`` where
+# eager's hands it ``transpose``, ``expand``). A writing class counting or caching by op then
+# wrote otherwise than eager, silently (an outside tester's find, through inference mode;
+# stock loses its writes). Each user dispatch call while traced looks at the frames that
+# called it (through dynamo_ext's hooks), up to the first that is not torch's own (generated
+# or user code: an outer subclass's dispatch) or is Dynamo's: one that is such a decomposition, other than
+# those found to split alike (``_ALIKE``; ``matmul`` with a matrix or vector second operand),
+# marks the call, and a writing class's op is refused (``traced_ops_differ``; eager under
+# ``fullgraph=False``).
+
+_DYNAMO_DIR = os.path.join(_TORCH_DIR, "_dynamo") + os.sep
+
+
+#: Python decompositions for CompositeImplicitAutograd found to hand dispatch what the C++ one
+#: eager runs does (tests/test_adversarial.py::test_ops_torch_decomposes_alike_compile);
+#: ``matmul``'s only where its second operand is a matrix or a vector (with a batched one it
+#: hands dispatch ``expand`` where eager's hands it ``transpose`` and ``expand``).
+_ALIKE = frozenset({"aten.broadcast_tensors.default", "aten.tensor_split.tensor_indices_or_sections", "aten.unsafe_chunk.default"})
+_MATMUL = frozenset({"aten.matmul.default", "aten.matmul.out"})
+
+
+@functools.lru_cache(maxsize=1)
+def _python_decompositions() -> dict[Any, frozenset[str]]:
+    """The code of each Python kernel torch registers for an autograd key or for
+    CompositeImplicitAutograd of an aten op, and the ops it is registered for, the autograd
+    keys' marked ``!`` (read once, while traced: the decompositions are imported by then)."""
+    found: dict[Any, set[str]] = {}
+    for full in torch._C._dispatch_get_all_op_names():
+        if not full.startswith("aten::"):
+            continue
+        name, _, overload = full[len("aten::"):].partition(".")
+        try:
+            op = getattr(getattr(torch.ops.aten, name), overload or "default")
+        except (AttributeError, RuntimeError):
+            continue
+        for key, kernel in getattr(op, "py_kernels", {}).items():
+            code = getattr(inspect.unwrap(kernel), "__code__", None)
+            if code is None:
+                continue
+            if key.name.startswith("Autograd"):
+                found.setdefault(code, set()).add(f"!{op}")
+            elif key.name == "CompositeImplicitAutograd":
+                found.setdefault(code, set()).add(str(op))
+    return {code: frozenset(ops) for code, ops in found.items()}
+
+
+def _split_by(frame: Any) -> str | None:
+    """The Python decomposition among the frames calling this dispatch that may hand it other
+    ops than eager's, if one is (See Note [An op split while traced])."""
+    steps = 0
+    while frame is not None and steps < 64:
+        code = frame.f_code
+        if code.co_filename.startswith(_OWN_DIR):  # this module's hooks (a property torch reads)
+            frame = frame.f_back
+            continue
+        if not code.co_filename.startswith(_TORCH_DIR) or code.co_filename.startswith(_DYNAMO_DIR):
+            return None
+        if os.sep + "_decomp" + os.sep in code.co_filename or os.sep + "_refs" + os.sep in code.co_filename:
+            ops = _python_decompositions().get(code)
+            if ops is not None and not _splits_alike(ops, frame):
+                return f"{frame.f_globals.get('__name__', '?')}.{code.co_name}"
+        frame = frame.f_back
+        steps += 1
+    return None
+
+
+def _splits_alike(ops: frozenset[str], frame: Any) -> bool:
+    if ops <= _ALIKE:
+        return True
+    if ops <= _MATMUL:
+        other = frame.f_locals.get("tensor2")
+        return isinstance(other, torch.Tensor) and other.dim() <= 2
+    return False
+
+
+def split_context(split: tuple[type, str]) -> str:
+    """What a refusal of an op split while traced says (both layers)."""
+    klass, decomposition = split
+    return (
+        f"while traced, torch's Python decomposition {decomposition} hands {klass.__name__}'s dispatch "
+        "an op's parts, where eager hands it the op whole: what dispatch writes could differ"
+    )
 
 
 def caught_here(scope: Scope, raised: list[BaseException]) -> BaseException | None:

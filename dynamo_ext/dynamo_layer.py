@@ -575,14 +575,18 @@ class FrameState:
         if not (reads_mode or self.collector.writes_attributes):
             return
         if _eager_inference_mode(self.tx):
+            hint = "Compile the function under torch.no_grad() instead, or let the op run eagerly (fullgraph=False graph-breaks there)."
+            t = next(iter(self.scope.tracked.values()))
+            if reads_mode:
+                _refuse(
+                    RefusalKind.UNSUPPORTED_STATE_READ, t, "is_inference_mode_enabled()", "bool",
+                    "the call runs under torch.inference_mode, which Dynamo turns off while it traces: dispatch "
+                    "would read False where eager reads True", hint=hint,
+                )
             _refuse(
-                RefusalKind.UNSUPPORTED_STATE_READ, next(iter(self.scope.tracked.values())), "torch.inference_mode",
-                "bool", "the op runs under torch.inference_mode, which Dynamo turns off while it traces: dispatch "
-                + ("would read is_inference_mode_enabled() False where eager reads True"
-                   if reads_mode else "is handed composite ops whole in eager (aten.matmul) and their parts "
-                   "(aten.mm) in the trace, so what it writes could differ"),
-                hint="Compile the function under torch.no_grad() instead, or let the op run eagerly "
-                "(fullgraph=False graph-breaks there).",
+                RefusalKind.TRACED_OPS_DIFFER, t, "<dispatch>", "torch.inference_mode",
+                "the op runs under torch.inference_mode, which Dynamo turns off while it traces: eager hands "
+                "dispatch composite ops whole (aten.matmul), the trace their parts (aten.mm)", hint=hint,
             )
         if self._inference_guarded:
             return
@@ -1343,6 +1347,7 @@ def _propagate(
             try:
                 del scope.raised[:]
                 del scope.caught[:]
+                del scope.decomposed[:]
                 scope.watch_caught = watched = state.collector.catches
                 with scope.active(), state.watch.watching() as changes:
                     result = original(node, tx, allow)
@@ -1356,6 +1361,11 @@ def _propagate(
                 caught = capture.caught_here(scope, scope.raised)
                 if caught is not None:
                     raise _Refused(*_caught_refusal(state, node, caught))
+                if scope.decomposed and (state.collector.writes_attributes or writes):
+                    raise _Refused(
+                        RefusalKind.TRACED_OPS_DIFFER, _first_subclass(state, node), "<dispatch>",
+                        scope.decomposed[0][1], capture.split_context(scope.decomposed[0]),
+                    )
                 if changes:
                     change = changes[0]
                     raise _Refused(

@@ -32,6 +32,7 @@ class RefusalKind(str, enum.Enum):
     FLATTEN_ROUND_TRIP = "flatten_round_trip"
     GLOBAL_STATE_WRITE = "global_state_write"
     DISPATCH_RAISED = "dispatch_raised"
+    TRACED_OPS_DIFFER = "traced_ops_differ"
 
     @property
     def gb_type(self) -> str:
@@ -244,6 +245,19 @@ REFUSALS: dict[RefusalKind, Refusal] = {
             ),
             "both",
             what="raised {value_type} while traced (state {attr!r})",
+        ),
+        Refusal(
+            RefusalKind.TRACED_OPS_DIFFER,
+            "Traced, a writing class's dispatch would be handed other ops than in eager (torch's Python "
+            "decompositions: `dropout`, `batch_norm`, `hardshrink`; ops under `torch.inference_mode`).",
+            "What dispatch writes may hang on the ops it is handed, so the compiled program could "
+            "write otherwise than eager. The op runs eagerly (fullgraph=False), as in eager.",
+            (
+                "Let the frame graph-break (fullgraph=False): the op then runs eagerly.",
+                "Under torch.inference_mode, compile the call under torch.no_grad() instead.",
+            ),
+            "both",
+            what="would be handed other ops than in eager ({value_type})",
         ),
     ]
 }

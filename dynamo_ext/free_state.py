@@ -299,12 +299,15 @@ _CONSTRUCTORS = frozenset({"__new__", "__init__", "__tensor_unflatten__", "__pos
 
 @functools.lru_cache(maxsize=4096)
 def sets_attributes(code: types.CodeType) -> bool:
-    """``code`` sets an attribute (``x.a = v``, ``setattr``, ``vars(x)[k] = v`` aside) and is
-    not a constructor: the code of a subclass whose dispatch writes state."""
+    """``code`` sets an attribute (``x.a = v``, ``setattr``, ``object.__setattr__``, or takes
+    an instance dict, ``vars(x)[k] = v``, ``x.__dict__.update(...)``) and is not a
+    constructor: the code of a subclass whose dispatch writes state."""
     if code.co_name in _CONSTRUCTORS:
         return False
     return any(
-        i.opname == "STORE_ATTR" or (i.opname in ("LOAD_GLOBAL", "LOAD_NAME") and i.argval == "setattr")
+        i.opname == "STORE_ATTR"
+        or (i.opname in ("LOAD_GLOBAL", "LOAD_NAME") and i.argval in ("setattr", "vars"))
+        or (i.opname in ("LOAD_ATTR", "LOAD_METHOD") and i.argval in ("__setattr__", "__dict__"))
         for i in dis.get_instructions(code)
     )
 
@@ -576,6 +579,17 @@ def class_catches(cls: type) -> bool:
     """Some user function of the class (or a base) handles exceptions itself."""
     return any(
         catches_exceptions(c)
+        for klass in cls.__mro__
+        for fn in _functions_of(klass)
+        if is_user_code(fn.__code__.co_filename)
+        for c in _codes_in(fn.__code__)
+    )
+
+
+def class_writes(cls: type) -> bool:
+    """Some user function of the class (or a base) sets attributes (``sets_attributes``)."""
+    return any(
+        sets_attributes(c)
         for klass in cls.__mro__
         for fn in _functions_of(klass)
         if is_user_code(fn.__code__.co_filename)

@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 import adversarial_subclasses as adv
 from dynamo_ext.testing import WrapperTensor
 import dynamo_ext
-from harness import assert_same_outputs, assert_same_state, differential, leaked_fakes, plain
+from harness import assert_refused_untouched, assert_same_outputs, assert_same_state, differential, leaked_fakes, plain
 
 BACKENDS = ["eager", "aot_eager"]
 FULLGRAPH = [True, False]
@@ -1465,7 +1465,7 @@ def test_a_writing_subclass_under_inference_mode(backend, fullgraph, where):
     handed ``aten.matmul`` whole, the trace (Dynamo keeps inference mode off) ``aten.mm``:
     the compiled call counted ``mm`` where eager counted ``matmul``, silently, also from a
     graph compiled under ``no_grad`` and served to a later inference-mode call (an outside
-    tester's find). Now such an op is refused (eager under ``fullgraph=False``), whether the
+    tester's find). Now such an op is refused as ``traced_ops_differ`` (eager under ``fullgraph=False``), whether the
     mode is the caller's, a block or a decorator in the compiled code."""
     fn, modes = _INFERENCE_PROGRAMS[where]
     torch._dynamo.reset()
@@ -1478,7 +1478,7 @@ def test_a_writing_subclass_under_inference_mode(backend, fullgraph, where):
             eager_runs_under_it = (inference and where != "block_off") or where in ("block", "decorated")
             if fullgraph and eager_runs_under_it:
                 before = dict(vars(wc))
-                with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: unsupported_state_read"):
+                with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: traced_ops_differ"):
                     compiled(x, wc)
                 assert vars(wc) == before, f"call {call}: refused, but the input changed"
                 refused += 1
@@ -1489,3 +1489,104 @@ def test_a_writing_subclass_under_inference_mode(backend, fullgraph, where):
     assert refused == (sum(1 for g, i in modes if i) if where == "caller" else len(modes) if where in ("block", "decorated") else 0) or not fullgraph
     if not fullgraph and where != "block_off":
         assert getattr(wc, "matmul_calls", 0) > 0  # eager's matmul was seen, as eager sees it
+
+
+class NotesItsOps(WrapperTensor):
+    """A wrapper recording the last op it was handed and counting its calls."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        for a in args:
+            if isinstance(a, cls):
+                a.last_op = func.__name__
+                a.calls = getattr(a, "calls", 0) + 1
+        return func(*[a.elem if isinstance(a, cls) else a for a in args], **(kwargs or {}))
+
+
+_SPLIT_PROGRAMS = {
+    "hardshrink": (lambda w: torch.nn.functional.hardshrink(w) * 2, (3, 3)),
+    "dropout_eval": (lambda w: torch.nn.functional.dropout(w, 0.5, training=False) * 2, (3, 3)),
+    "batch_norm": (lambda w: torch.nn.functional.batch_norm(w, torch.zeros(3), torch.ones(3), training=False), (2, 3)),
+    "interpolate": (lambda w: torch.nn.functional.interpolate(w, scale_factor=2), (1, 1, 3)),
+    "one_hot": (lambda w: torch.nn.functional.one_hot(w, 3) * 2, None),  # a long subclass
+}
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("program", list(_SPLIT_PROGRAMS))
+def test_an_op_torch_splits_while_traced(backend, program):
+    """Note [An op split while traced]: tracing runs torch's Python decompositions for the
+    autograd keys, so dispatch was handed ``abs``/``where`` where eager hands it
+    ``hardshrink`` (``clone`` where eager's ``dropout(training=False)`` runs no op,
+    ``_native_batch_norm_legit_no_training`` for ``native_batch_norm``): the compiled call
+    recorded other ops, silently. Refused as ``traced_ops_differ``, eager under
+    ``fullgraph=False``."""
+    fn, shape = _SPLIT_PROGRAMS[program]
+    if shape is None:
+        make = lambda: [NotesItsOps(torch.tensor([0, 2, 1]))]  # noqa: E731
+    else:
+        make = lambda: [NotesItsOps(torch.arange(float(math.prod(shape))).reshape(shape) - 2)]  # noqa: E731
+    harness_refused = pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: traced_ops_differ")
+    torch._dynamo.reset()
+    (w,) = make()
+    with harness_refused:
+        torch.compile(fn, backend=backend, fullgraph=True)(w)
+    assert set(vars(w)) == {"elem"}
+    differential(fn, make, backend=backend, fullgraph=False, calls=2)
+
+
+_MATMUL_SHAPES = [(3,), (5, 3), (2, 5, 3), (3, 2, 5, 3)]  # the first operand's; the second's below
+_SECOND = {1: (3,), 2: (3, 4), 3: (2, 3, 4), 4: (3, 2, 3, 4)}
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("subclass_on", ["left", "right"])
+def test_matmul_of_every_rank(backend, subclass_on):
+    """``matmul``'s Python decomposition hands dispatch what eager's C++ one does where the
+    second operand is a matrix or a vector (compiled whole); with a batched one it may not
+    (``expand`` where eager's hands ``transpose``, ``expand``; ``squeeze`` against a size-1
+    batch): refused as ``traced_ops_differ``, eager under ``fullgraph=False``."""
+    pairs = [(first, _SECOND[rank]) for first in _MATMUL_SHAPES for rank in (1, 2, 3, 4)]
+    pairs += [((1, 5, 3), (2, 3, 4)), ((4, 5, 3), (1, 3, 4))]  # a size-1 batch broadcast
+    for first, second in pairs:
+        try:
+            torch.ones(first) @ torch.ones(second)
+        except RuntimeError:
+            continue  # batch shapes eager cannot broadcast
+        shape = first if subclass_on == "left" else second
+        other = torch.randn(second if subclass_on == "left" else first)
+        make = lambda: [NotesItsOps(torch.arange(float(math.prod(shape))).reshape(shape)), other]  # noqa: E731
+        fn = (lambda w, o: w @ o) if subclass_on == "left" else (lambda w, o: o @ w)
+        if len(second) >= 3:
+            assert_refused_untouched(fn, make, backend, "traced_ops_differ")
+            differential(fn, make, backend=backend, fullgraph=False, calls=2)
+        else:
+            differential(fn, make, backend=backend, fullgraph=True, calls=2)
+
+
+_ALIKE_PROGRAMS = {
+    "broadcast_tensors": (lambda w: torch.broadcast_tensors(w, torch.ones(2, 3))[0] * 2, (3,)),
+    "mse_loss": (lambda w: torch.nn.functional.mse_loss(w, torch.zeros(2, 3)), (2, 3)),
+    "tensor_split": (lambda w: torch.tensor_split(w, torch.tensor([1, 3]))[1] * 2, (4, 3)),
+    "unsafe_chunk": (lambda w: torch.unsafe_chunk(w, 3)[0] * 2, (4, 4)),
+}
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("program", list(_ALIKE_PROGRAMS))
+def test_ops_torch_decomposes_alike_compile(backend, program):
+    """The CompositeImplicitAutograd decompositions ``capture._ALIKE`` lists hand dispatch the
+    ops eager's C++ ones do: compiled whole, the state eager's."""
+    fn, shape = _ALIKE_PROGRAMS[program]
+    make = lambda: [NotesItsOps(torch.arange(float(math.prod(shape))).reshape(shape))]  # noqa: E731
+    differential(fn, make, backend=backend, fullgraph=True, calls=2)
+
+
+def test_an_op_torch_splits_under_aot_function():
+    """AOTAutograd called directly traces with the same decompositions: refused alike."""
+    from functorch.compile import aot_function, nop
+
+    w = NotesItsOps(torch.tensor([-1.0, 0.2, 2.0]))
+    with pytest.raises(dynamo_ext.SubclassWriteError, match="traced_ops_differ"):
+        aot_function(lambda w: torch.nn.functional.hardshrink(w) * 2, nop)(w)
+    assert set(vars(w)) == {"elem"}

@@ -81,3 +81,21 @@ def test_many_calls_stay_flat():
     gc.collect()
     assert len(gc.get_objects()) - before < 200
     assert x.mode is S.Mode.COLD and x.summary == S.Stats(1, "mul")
+
+
+def test_a_library_named_like_torch_is_not_torch():
+    """torchao's files (``.../site-packages/torchao/...``) start with torch's directory name:
+    code there is a user's (its attribute reads are answered from the real object), and
+    ``torch/_refs``' are torch's. The prefix was taken without the separator."""
+    import os
+
+    from dynamo_ext import capture
+
+    ns: dict = {}
+    where = os.path.dirname(torch.__file__) + "ao" + os.sep + "float8" + os.sep + "weight.py"
+    exec(compile("def probe(check):\n    return check(1)\n", where, "exec"), ns)
+    assert ns["probe"](capture._called_from_user)
+    assert not ns["probe"](capture._called_from_torch)
+    exec(compile("def probe(check):\n    return check(1)\n", torch._refs.__file__, "exec"), ns)
+    assert not ns["probe"](capture._called_from_user)
+    assert ns["probe"](capture._called_from_torch)
