@@ -1059,22 +1059,21 @@ def _python_decompositions() -> dict[Any, frozenset[str]]:
     CompositeImplicitAutograd of an aten op, and the ops it is registered for, the autograd
     keys' marked ``!`` (read once, while traced: the decompositions are imported by then)."""
     found: dict[Any, set[str]] = {}
-    for full in torch._C._dispatch_get_all_op_names():
-        if not full.startswith("aten::"):
+    # registering a Python kernel made its overload, kept on its packet: only those are looked at
+    for packet in list(vars(torch.ops.aten).values()):
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
             continue
-        name, _, overload = full[len("aten::"):].partition(".")
-        try:
-            op = getattr(getattr(torch.ops.aten, name), overload or "default")
-        except (AttributeError, RuntimeError):
-            continue
-        for key, kernel in getattr(op, "py_kernels", {}).items():
-            code = getattr(inspect.unwrap(kernel), "__code__", None)
-            if code is None:
+        for op in list(vars(packet).values()):
+            if not isinstance(op, torch._ops.OpOverload):
                 continue
-            if key.name.startswith("Autograd"):
-                found.setdefault(code, set()).add(f"!{op}")
-            elif key.name == "CompositeImplicitAutograd":
-                found.setdefault(code, set()).add(str(op))
+            for key, kernel in op.py_kernels.items():
+                code = getattr(inspect.unwrap(kernel), "__code__", None)
+                if code is None:
+                    continue
+                if key.name.startswith("Autograd"):
+                    found.setdefault(code, set()).add(f"!{op}")
+                elif key.name == "CompositeImplicitAutograd":
+                    found.setdefault(code, set()).add(str(op))
     return {code: frozenset(ops) for code, ops in found.items()}
 
 

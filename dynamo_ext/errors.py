@@ -249,7 +249,7 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         Refusal(
             RefusalKind.TRACED_OPS_DIFFER,
             "Traced, a writing class's dispatch would be handed other ops than in eager (torch's Python "
-            "decompositions: `dropout`, `batch_norm`, `hardshrink`; ops under `torch.inference_mode`).",
+            "decompositions: `dropout`, `batch_norm`, a batched `matmul`; ops under `torch.inference_mode`).",
             "What dispatch writes may hang on the ops it is handed, so the compiled program could "
             "write otherwise than eager. The op runs eagerly (fullgraph=False), as in eager.",
             (
