@@ -1526,12 +1526,17 @@ def test_an_op_torch_splits_while_traced(backend, program):
         make = lambda: [NotesItsOps(torch.tensor([0, 2, 1]))]  # noqa: E731
     else:
         make = lambda: [NotesItsOps(torch.arange(float(math.prod(shape))).reshape(shape) - 2)]  # noqa: E731
-    harness_refused = pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: traced_ops_differ")
     torch._dynamo.reset()
     (w,) = make()
-    with harness_refused:
+    try:
         torch.compile(fn, backend=backend, fullgraph=True)(w)
-    assert set(vars(w)) == {"elem"}
+    except torch._dynamo.exc.Unsupported as refused:
+        assert "dynamo_ext: traced_ops_differ" in str(refused)
+        assert set(vars(w)) == {"elem"}
+    else:
+        # torch 2.15 runs no decomposition for dropout(training=False): compiled whole, as eager
+        assert program == "dropout_eval" and not torch.__version__.startswith("2.13"), program
+        differential(fn, make, backend=backend, fullgraph=True, calls=2)
     differential(fn, make, backend=backend, fullgraph=False, calls=2)
 
 
