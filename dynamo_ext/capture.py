@@ -1037,10 +1037,10 @@ def _watch_caught(scope: Scope, klass: type) -> bool:
 # wrote otherwise than eager, silently (an outside tester's find, through inference mode;
 # stock loses its writes). Each user dispatch call while traced looks at the frames that
 # called it (through dynamo_ext's hooks), up to the first that is not torch's own (generated
-# or user code: an outer subclass's dispatch) or is Dynamo's: one that is such a decomposition, other than
-# those found to split alike (``_ALIKE``; ``matmul`` with a matrix or vector second operand),
-# marks the call, and a writing class's op is refused (``traced_ops_differ``; eager under
-# ``fullgraph=False``).
+# or user code: an outer subclass's dispatch) or is Dynamo's: one that is such a
+# decomposition, other than those found to split alike (``_ALIKE``; ``matmul`` with a matrix
+# or vector second operand), marks the call, and a writing class's op is refused
+# (``traced_ops_differ``; eager under ``fullgraph=False``).
 
 _DYNAMO_DIR = os.path.join(_TORCH_DIR, "_dynamo") + os.sep
 

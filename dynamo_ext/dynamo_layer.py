@@ -566,7 +566,8 @@ class FrameState:
         class (or code reading the mode) takes part in is refused where eager would run it
         under inference mode: the caller's mode, or the innermost traced
         ``inference_mode`` block (an ``_enter_inference_mode`` node whose exit is not
-        made yet) (``unsupported_state_read``; eager under ``fullgraph=False``); and any
+        made yet) (``traced_ops_differ``, ``unsupported_state_read`` for the mode read;
+        eager under ``fullgraph=False``); and any
         other compile is guarded on inference mode being off, so a later call under it
         (where grad mode, which Dynamo guards, may be off alike) compiles again and
         refuses (guarded on the caller's mode: an op in an ``inference_mode(False)`` block

@@ -577,19 +577,18 @@ def _codes_in(code: types.CodeType) -> Iterator[types.CodeType]:
 
 def class_catches(cls: type) -> bool:
     """Some user function of the class (or a base) handles exceptions itself."""
-    return any(
-        catches_exceptions(c)
-        for klass in cls.__mro__
-        for fn in _functions_of(klass)
-        if is_user_code(fn.__code__.co_filename)
-        for c in _codes_in(fn.__code__)
-    )
+    return _class_code_any(cls, catches_exceptions)
 
 
 def class_writes(cls: type) -> bool:
     """Some user function of the class (or a base) sets attributes (``sets_attributes``)."""
+    return _class_code_any(cls, sets_attributes)
+
+
+def _class_code_any(cls: type, check: Callable[[types.CodeType], bool]) -> bool:
+    """``check`` holds for some code (nested code too) of the user functions of the class or a base."""
     return any(
-        sets_attributes(c)
+        check(c)
         for klass in cls.__mro__
         for fn in _functions_of(klass)
         if is_user_code(fn.__code__.co_filename)
