@@ -1039,7 +1039,7 @@ def _watch_caught(scope: Scope, klass: type) -> bool:
 # called it (through dynamo_ext's hooks), up to the first that is not torch's own (generated
 # or user code: an outer subclass's dispatch) or is Dynamo's: one that is such a
 # decomposition, other than those found to split alike (``_ALIKE``; ``matmul`` with a matrix
-# or vector second operand), marks the call, and a writing class's op is refused
+# or vector second operand, where a batched first one is folded alike), marks the call, and a writing class's op is refused
 # (``traced_ops_differ``; eager under ``fullgraph=False``).
 
 _DYNAMO_DIR = os.path.join(_TORCH_DIR, "_dynamo") + os.sep
@@ -1047,8 +1047,9 @@ _DYNAMO_DIR = os.path.join(_TORCH_DIR, "_dynamo") + os.sep
 
 #: Python decompositions for CompositeImplicitAutograd found to hand dispatch what the C++ one
 #: eager runs does (tests/test_adversarial.py::test_ops_torch_decomposes_alike_compile);
-#: ``matmul``'s only where its second operand is a matrix or a vector (with a batched one it
-#: hands dispatch ``expand`` where eager's hands it ``transpose`` and ``expand``).
+#: ``matmul``'s only where its second operand is a matrix or a vector and both fold a batched
+#: first one (with a batched second it hands dispatch ``expand`` where eager's hands it
+#: ``transpose`` and ``expand``; unfolded, ``view`` where eager's ``_unsafe_view``).
 _ALIKE = frozenset({"aten.broadcast_tensors.default", "aten.tensor_split.tensor_indices_or_sections", "aten.unsafe_chunk.default"})
 _MATMUL = frozenset({"aten.matmul.default", "aten.matmul.out"})
 
@@ -1101,9 +1102,25 @@ def _splits_alike(ops: frozenset[str], frame: Any) -> bool:
     if ops <= _ALIKE:
         return True
     if ops <= _MATMUL:
-        other = frame.f_locals.get("tensor2")
-        return isinstance(other, torch.Tensor) and other.dim() <= 2
+        first, second = frame.f_locals.get("tensor1"), frame.f_locals.get("tensor2")
+        if not (isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)) or second.dim() > 2:
+            return False
+        if first.dim() <= 2:
+            return True
+        # a batched first operand: alike where both fold it into one ``mm``/``mv``; where
+        # either does not, eager's ``bmm`` ends in ``_unsafe_view``, the Python one's in ``view``
+        fold = frame.f_globals.get("should_fold")
+        return callable(fold) and bool(fold(first, second, False)) and _eager_folds(first, second)
     return False
+
+
+def _eager_folds(first: torch.Tensor, second: torch.Tensor) -> bool:
+    """ATen's ``should_fold`` (LinearAlgebra.cpp) for a first operand of three or more dims and
+    a second of one or two: eager's C++ ``matmul`` folds the batch into one ``mm``/``mv``."""
+    if second.requires_grad or first.numel() == 0:
+        return True
+    shape, strides = first.shape, first.stride()
+    return all(strides[i] == strides[i + 1] * shape[i + 1] for i in range(first.dim() - 2))
 
 
 def split_context(split: tuple[type, str]) -> str:

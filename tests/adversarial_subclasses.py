@@ -719,6 +719,16 @@ class StatsTensor(torch.Tensor):
         return _run(cls, func, args, kwargs, lambda t: cls(t, stats))
 
 
+class EveryOpStatsTensor(StatsTensor):
+    """Logs every op it is handed into the shared holder, outputs included (an op trace)."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        stats = _first(cls, args, kwargs).stats
+        stats.ops = stats.ops + (func.overloadpacket.__name__,)
+        return _run(cls, func, args, kwargs, lambda t: cls(t, stats))
+
+
 class TupleCtxStatsTensor(StatsTensor):
     """Same, with the holder inside a ctx tuple."""
 

@@ -1569,6 +1569,73 @@ def test_matmul_of_every_rank(backend, subclass_on):
             differential(fn, make, backend=backend, fullgraph=True, calls=2)
 
 
+_BATCHED_LAYOUTS = {
+    "contiguous": lambda: torch.arange(30.0).reshape(2, 5, 3),
+    "last_two_transposed": lambda: torch.arange(30.0).reshape(2, 3, 5).mT,
+    "batch_permuted": lambda: torch.arange(30.0).reshape(5, 2, 3).transpose(0, 1),
+    "size_one_dim_odd_stride": lambda: torch.arange(30.0).as_strided((2, 1, 5, 3), (15, 7, 3, 1)),
+    "inner_batch_sliced": lambda: torch.arange(120.0).reshape(2, 4, 5, 3)[:, ::2],
+    "empty": lambda: torch.zeros(2, 0, 3),
+}
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("subclass_on", ["left", "right"])
+def test_matmul_of_every_layout(backend, subclass_on):
+    """A batched first operand and a matrix or vector second: eager's C++ ``matmul`` and the
+    Python one traced fold the batch into one ``mm`` on different layout and requires_grad
+    conditions, and unfolded end in ``_unsafe_view`` and ``view``. Every op dispatch is handed
+    is logged in a shared holder: each case compiles whole with eager's log, or is refused as
+    ``traced_ops_differ`` untouched (a traced backward reading the log: ``unsupported_state_read``)
+    and runs with eager's log under ``fullgraph=False``."""
+    whole = set()
+    for layout, first in _BATCHED_LAYOUTS.items():
+        for second_shape in ((3, 4), (3,)):
+            for second_grad, grad_mode in ((False, True), (True, True), (True, False)):
+                case = (layout, second_shape, second_grad, grad_mode)
+
+                def make(stats, first=first, second_shape=second_shape, second_grad=second_grad):
+                    a = first()
+                    b = torch.arange(float(math.prod(second_shape))).reshape(second_shape) / 7
+                    if subclass_on == "left":
+                        a = adv.EveryOpStatsTensor(a, stats)
+                        b.requires_grad_(second_grad)
+                    else:
+                        b = adv.EveryOpStatsTensor(b, stats, requires_grad=second_grad)
+                    return a, b
+
+                fn = lambda a, b: torch.matmul(a, b)  # noqa: E731
+                for fullgraph in (True, False):
+                    torch._dynamo.reset()
+                    e_stats, c_stats = adv.LayerStats(), adv.LayerStats()
+                    e_in, c_in = make(e_stats), make(c_stats)
+                    compiled = torch.compile(fn, backend=backend, fullgraph=fullgraph)
+                    refused = False
+                    for call in range(2):
+                        with torch.set_grad_enabled(grad_mode):
+                            e_out = fn(*e_in)
+                            try:
+                                c_out = compiled(*c_in)
+                            except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.BackendCompilerFailed) as e:
+                                # traced_ops_differ, or (requires_grad) a traced backward reading the log
+                                assert fullgraph and call == 0, (case, e)
+                                assert "dynamo_ext: traced_ops_differ" in str(e) or (
+                                    second_grad and "dynamo_ext: unsupported_state_read" in str(e)
+                                ), (case, e)
+                                assert c_stats.ops == (), case
+                                refused = True
+                                break
+                        torch.testing.assert_close(plain(c_out), plain(e_out))
+                        assert c_stats.ops == e_stats.ops, (case, fullgraph, c_stats.ops, e_stats.ops)
+                    if fullgraph and not refused:
+                        whole.add(case)
+                        break  # compiled whole: fullgraph=False gives the same graph
+    # the cases both fold alike compile whole
+    assert ("contiguous", (3, 4), False, True) in whole
+    assert ("contiguous", (3,), False, True) in whole
+    assert ("empty", (3, 4), False, True) in whole
+
+
 _ALIKE_PROGRAMS = {
     "broadcast_tensors": (lambda w: torch.broadcast_tensors(w, torch.ones(2, 3))[0] * 2, (3,)),
     "mse_loss": (lambda w: torch.nn.functional.mse_loss(w, torch.zeros(2, 3)), (2, 3)),
