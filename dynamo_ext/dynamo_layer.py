@@ -1694,6 +1694,47 @@ def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., An
     return compile_subgraph
 
 
+# Note [Iterating a subclass tensor]
+# Eager's ``Tensor.__iter__`` hands dispatch one ``unbind(0)`` (through ``__torch_function__``);
+# Dynamo unrolls ``for r in x``, ``list(x)``, ``a, b = x`` into ``x[0]``, ``x[1]``, ... made
+# straight in the graph: dispatch is handed a ``select`` per row. A wrapper subclass whose
+# code may write state is iterated as eager iterates it: one ``unbind(0)``, through Dynamo's
+# own method call (its ``__torch_function__`` first, where it has one), its rows unpacked. One whose class defines
+# its own ``__iter__`` (which Dynamo's unrolling passes by) is refused
+# (``traced_ops_differ``).
+
+
+def make_unpack_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``TensorVariable.unpack_var_sequence`` (See Note [Iterating a
+    subclass tensor])."""
+
+    @functools.wraps(original)
+    def unpack_var_sequence(self: Any, tx: Any, idxes: Any = None) -> Any:
+        from torch._dynamo.variables import ConstantVariable
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+        example = self.proxy.node.meta.get("example_value") if hasattr(self, "proxy") else None
+        if not (isinstance(example, torch.Tensor) and is_traceable_wrapper_subclass(example)):
+            return original(self, tx, idxes)
+        cls = type(example)
+        if example.dim() == 0 or not free_state.class_may_write(cls):
+            return original(self, tx, idxes)
+        if getattr(cls, "__iter__", None) is not torch.Tensor.__iter__:
+            refuse(
+                RefusalKind.TRACED_OPS_DIFFER, cls.__name__, "__iter__", "iteration",
+                f"{cls.__name__} defines its own __iter__, which Dynamo's unrolling of the loop "
+                "passes by: what dispatch writes could differ",
+            )
+        rows = self.call_method(tx, "unbind", [ConstantVariable.create(0)], {}).unpack_var_sequence(tx)
+        if idxes is None:
+            return rows
+        if len(idxes) != len(rows):
+            raise AssertionError(f"Can't unpack a tensor of {len(rows)} rows into a tuple of {len(idxes)} elements.")
+        return [rows[i] for i in idxes]
+
+    return unpack_var_sequence
+
+
 def make_stolen_lists_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replacement for ``OutputGraph.handle_aliases_for_stolen_lists``, which compile_subgraph
     calls for the instructions it runs before the graph and the sources its codegen loads

@@ -585,6 +585,14 @@ def class_writes(cls: type) -> bool:
     return _class_code_any(cls, sets_attributes)
 
 
+def class_may_write(cls: type) -> bool:
+    """The class's user functions, or code they reach through their globals and closures,
+    set attributes outside constructors (a ``Collector``'s static expansion)."""
+    collector = Collector(frozenset())
+    collector.add_class(cls)
+    return collector.writes_attributes
+
+
 def _class_code_any(cls: type, check: Callable[[types.CodeType], bool]) -> bool:
     """``check`` holds for some code (nested code too) of the user functions of the class or a base."""
     return any(

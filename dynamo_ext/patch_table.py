@@ -42,6 +42,14 @@ TABLE: list[Patch] = [
         "from here.",
     ),
     Patch(
+        "torch._dynamo.variables.tensor:TensorVariable",
+        "unpack_var_sequence",
+        dynamo_layer.make_unpack_hook,
+        why="Dynamo unrolls iteration over a tensor into one indexing op per row; eager's "
+        "Tensor.__iter__ hands dispatch one unbind(0): a subclass that may write state is "
+        "iterated as eager iterates it (See Note [Iterating a subclass tensor]).",
+    ),
+    Patch(
         "torch._dynamo.convert_frame",
         "maybe_disable_inference_mode",
         dynamo_layer.make_inference_mode_hook,

@@ -1662,3 +1662,69 @@ def test_an_op_torch_splits_under_aot_function():
     with pytest.raises(dynamo_ext.SubclassWriteError, match="traced_ops_differ"):
         aot_function(lambda w: torch.nn.functional.hardshrink(w) * 2, nop)(w)
     assert set(vars(w)) == {"elem"}
+
+
+class HasTorchFunction(NotesItsOps):
+    """A wrapper that also has a ``__torch_function__`` (passing every function through; one
+    counting them counts Dynamo's metadata calls too, stock alike: README)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+class IteratesItsOwnWay(NotesItsOps):
+    """Defines its own ``__iter__`` (rows by index)."""
+
+    def __iter__(self):
+        return iter([self[i] for i in range(self.shape[0])])
+
+
+def _sum_rows(x):
+    acc = 0
+    for r in x:
+        acc = acc + r
+    return acc
+
+
+_ITERATIONS = {
+    "for_loop": _sum_rows,
+    "list": lambda x: torch.stack(list(x)) * 2,
+    "unpack": lambda x: (lambda a, b, c: a * b + c)(*x),
+    "assign_unpack": lambda x: [a - b for a, b, _ in [tuple(x)]][0],
+    "zip": lambda x: sum(r * s for r, s in zip(x, torch.ones(3, 4))),
+    "enumerate": lambda x: sum(r * i for i, r in enumerate(x)),
+}
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("iteration", list(_ITERATIONS))
+@pytest.mark.parametrize("kind", ["dispatch", "torch_function"])
+def test_iterating_a_subclass_tensor(backend, iteration, kind):
+    """Note [Iterating a subclass tensor]: eager's ``Tensor.__iter__`` hands dispatch one
+    ``unbind``; Dynamo unrolled the loop into a ``select`` per row (three calls, the last op
+    ``select``). Compiled whole, the state eager's, also where the wrapper has a
+    ``__torch_function__`` (handed ``unbind`` first)."""
+    fn = _ITERATIONS[iteration]
+    if kind == "dispatch":
+        make = lambda: [NotesItsOps(torch.arange(12.0).reshape(3, 4))]  # noqa: E731
+    else:
+        make = lambda: [HasTorchFunction(torch.arange(12.0).reshape(3, 4))]  # noqa: E731
+    differential(fn, make, backend=backend, fullgraph=True, calls=2)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_subclass_iterating_its_own_way(backend):
+    """A writing class with its own ``__iter__``, which Dynamo's unrolling passes by: refused
+    as ``traced_ops_differ``, eager under ``fullgraph=False``."""
+    make = lambda: [IteratesItsOwnWay(torch.arange(12.0).reshape(3, 4))]  # noqa: E731
+    assert_refused_untouched(_sum_rows, make, backend, "traced_ops_differ")
+    differential(_sum_rows, make, backend=backend, fullgraph=False, calls=2)
+
+
+def test_iterating_under_dynamic_shapes():
+    """The number of rows is specialized as Dynamo specializes it for a plain tensor; the
+    state eager's for each length."""
+    make = lambda: [NotesItsOps(torch.arange(12.0).reshape(3, 4))]  # noqa: E731
+    differential(_sum_rows, make, backend="aot_eager", fullgraph=True, calls=2, dynamic=True)

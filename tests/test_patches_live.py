@@ -89,7 +89,11 @@ def _partial_dtensor_requiring_grad():
         dist.destroy_process_group()
 
 
-SCENARIOS = [_writes_and_guards, _float_zero, _cache_save_and_load, _aot_function, _export, _input_mutations]
+def _iteration():
+    torch.compile(lambda x: sum(r for r in x), backend="eager", fullgraph=True)(S.CounterTensor(torch.ones(2, 2)))
+
+
+SCENARIOS = [_writes_and_guards, _float_zero, _cache_save_and_load, _aot_function, _export, _input_mutations, _iteration]
 if _compat.HAS_DISTRIBUTED:
     SCENARIOS.append(_partial_dtensor_requiring_grad)
 
