@@ -1236,6 +1236,82 @@ def _refuse_read(t: Tracked, name: str, value: Any, context: str = "") -> NoRetu
     _refuse(RefusalKind.UNSUPPORTED_STATE_READ, t, name, type(value).__name__, context)
 
 
+# Note [A tensor property on a subclass]
+# ``x.data``, ``x.T``, ``x.mT``, ``x.H``, ``x.mH``, ``x.real``, ``x.imag`` run dispatch
+# (``detach``, ``permute``, ``transpose``, ...). Dynamo gives their result the source
+# ``L['x'].data``, and evaluates that source on the real input to look up a method on it
+# (``x.data.mul_``), in guards and in residual bytecode: dispatch then runs, and writes, on
+# the real input while traced and on every call (an outside tester's find: an extra
+# ``detach`` logged, ``Guard failed on the same frame it was created``). For a subclass
+# whose code may write state the result is made as Dynamo makes any tensor the graph
+# computes, with no source: the op is in the graph, its result tracked for writes.
+
+_DISPATCHING_PROPERTIES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag"})
+
+
+def make_var_getattr_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``TensorVariable.var_getattr`` (See Note [A tensor property on a
+    subclass])."""
+
+    @functools.wraps(original)
+    def var_getattr(self: Any, tx: Any, name: str) -> Any:
+        result = original(self, tx, name)
+        if name in _DISPATCHING_PROPERTIES and self.source is not None and _may_write(self):
+            from torch._dynamo.variables import TensorVariable
+
+            if isinstance(result, TensorVariable) and result.source is not None:
+                result.source = None  # a tensor the graph computed (the op is in the graph)
+        return result
+
+    return var_getattr
+
+
+def _may_write(vt: Any) -> bool:
+    """The variable stands for a wrapper subclass whose code may write state."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    example = vt.proxy.node.meta.get("example_value") if hasattr(vt, "proxy") else None
+    return (
+        isinstance(example, torch.Tensor)
+        and is_traceable_wrapper_subclass(example)
+        and free_state.class_may_write(type(example))
+    )
+
+
+# Note [A subclass value Dynamo does not track]
+# Writes on a tensor the graph computed are recorded through the variable Dynamo tracks for
+# attribute writes on it (``intermediate_vt``). Some values have none: ``x.data``
+# (``_get_data_attr``) makes one Dynamo does not track. An op on such a value runs as stock
+# fake propagation does: what dispatch writes on it is lost, and a write on shared state it
+# reaches (a registered ctx object) lands on the real object while traced and is then
+# replayed over. An op a class whose code may write state is handed such a value is
+# refused (``traced_ops_differ``) before it runs: a graph break, eager from there.
+
+
+def _refuse_untracked(node: torch.fx.Node) -> NoReturn:
+    """See Note [A subclass value Dynamo does not track]."""
+    cls = type(node.meta["example_value"])
+    made_by = node.target if node.op != "call_function" else getattr(node.target, "__name__", node.target)
+    _graph_break_class(
+        RefusalKind.TRACED_OPS_DIFFER, cls, "<dispatch>", f"a {cls.__name__} Dynamo does not track ({made_by})",
+        f"an op is handed a {cls.__name__} made by {made_by}, which Dynamo does not track for attribute "
+        "writes: what its dispatch writes could not be recorded",
+        hint="Use the tensor itself rather than x.data (in-place updates under torch.no_grad()).",
+    )
+
+
+def _graph_break_class(kind: RefusalKind, cls: type, attr: str, value_type: str, context: str, hint: str = "") -> NoReturn:
+    """``_graph_break`` for a class (no tracked object)."""
+    from . import _patches
+
+    code = getattr(getattr(cls.__dict__.get("__torch_dispatch__"), "__func__", None), "__code__", None)
+    if code is None:
+        code = getattr(getattr(getattr(cls, "__torch_dispatch__", None), "__func__", None), "__code__", None)
+    if code is not None:
+        _patches.CODE_MARKS.run_eagerly(code)
+    refuse(kind, cls.__name__, attr, value_type, context, hint)
+
+
 def _graph_break(kind: RefusalKind, t: Tracked, attr: str, value_type: str, context: str, hint: str = "") -> NoReturn:
     """Refuse a write or read (a graph break, or an error under fullgraph=True).
 
@@ -1315,7 +1391,11 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         if not args:
             return original(node, tx, allow_non_graph_fake)
         state = frame_state(tx)
-        tracked = [t for t in (state.track_arg(a) for a in args) if t is not None]
+        pairs = [(a, state.track_arg(a)) for a in args]
+        for a, t in pairs:
+            if t is None and free_state.class_may_write(type(a.meta["example_value"])):
+                _refuse_untracked(a)
+        tracked = [t for _, t in pairs if t is not None]
         if not tracked:
             return original(node, tx, allow_non_graph_fake)
         for arg in _tensor_arg_nodes(node, subclass=False):
@@ -1711,13 +1791,11 @@ def make_unpack_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def unpack_var_sequence(self: Any, tx: Any, idxes: Any = None) -> Any:
         from torch._dynamo.variables import ConstantVariable
-        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
-        example = self.proxy.node.meta.get("example_value") if hasattr(self, "proxy") else None
-        if not (isinstance(example, torch.Tensor) and is_traceable_wrapper_subclass(example)):
+        if not _may_write(self):
             return original(self, tx, idxes)
+        example = self.proxy.node.meta["example_value"]
         cls = type(example)
-        if example.dim() == 0 or not free_state.class_may_write(cls):
+        if example.dim() == 0:
             return original(self, tx, idxes)
         if getattr(cls, "__iter__", None) is not torch.Tensor.__iter__:
             refuse(

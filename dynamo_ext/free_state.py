@@ -587,7 +587,8 @@ def class_writes(cls: type) -> bool:
 
 def class_may_write(cls: type) -> bool:
     """The class's user functions, or code they reach through their globals and closures,
-    set attributes outside constructors (a ``Collector``'s static expansion)."""
+    set attributes outside constructors (a ``Collector``'s static expansion, made anew: a
+    class's methods may be rebound)."""
     collector = Collector(frozenset())
     collector.add_class(cls)
     return collector.writes_attributes

@@ -50,6 +50,15 @@ TABLE: list[Patch] = [
         "iterated as eager iterates it (See Note [Iterating a subclass tensor]).",
     ),
     Patch(
+        "torch._dynamo.variables.tensor:TensorVariable",
+        "var_getattr",
+        dynamo_layer.make_var_getattr_hook,
+        why="x.data, x.T, x.mT (...) run dispatch; Dynamo gives the result a source it evaluates "
+        "on the real input (a method lookup, guards, residual bytecode), running dispatch there. "
+        "For a subclass that may write state the result is made with no source (See Note [A "
+        "tensor property on a subclass]).",
+    ),
+    Patch(
         "torch._dynamo.convert_frame",
         "maybe_disable_inference_mode",
         dynamo_layer.make_inference_mode_hook,

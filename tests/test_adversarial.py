@@ -1728,3 +1728,45 @@ def test_iterating_under_dynamic_shapes():
     state eager's for each length."""
     make = lambda: [NotesItsOps(torch.arange(12.0).reshape(3, 4))]  # noqa: E731
     differential(_sum_rows, make, backend="aot_eager", fullgraph=True, calls=2, dynamic=True)
+
+
+_PROPERTY_PROGRAMS = {
+    "data_mul": lambda x: x.data * 2,
+    "data_inplace": lambda x: (x.data.mul_(2), x * 1)[1],
+    "data_data": lambda x: x.data.data * 1,
+    "data_method": lambda x: x.data.sum(),
+    "T_method": lambda x: x.T.sum(),
+    "T_T": lambda x: x.T.T * 1,
+    "mT_inplace": lambda x: x.mT.mul_(1) * 1,
+}
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("program", list(_PROPERTY_PROGRAMS))
+def test_a_tensor_property_of_a_subclass(backend, program):
+    """Note [A tensor property on a subclass]: ``x.data``, ``x.T``, ``x.mT`` run dispatch, and
+    Dynamo evaluated their result's source on the real input to look a method up, and in
+    guards: dispatch ran (and counted) on the real input while traced, a read went unguarded
+    (the second call replayed the first's count), ``x.data.data`` failed Dynamo's own guard
+    check. Compiled whole, the state eager's at every call."""
+    fn = _PROPERTY_PROGRAMS[program]
+    make = lambda: [NotesItsOps(torch.arange(6.0).reshape(2, 3))]  # noqa: E731
+    differential(fn, make, backend=backend, fullgraph=True, calls=3)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("program", ["data_mul", "data_inplace", "T_method"])
+def test_a_tensor_property_reaching_shared_state(backend, program):
+    """The ops on ``x.data`` (a tensor Dynamo did not track for writes) wrote the shared
+    holder while traced, outside what was recorded: the compiled call lost ``mul``. Every op
+    logged, compiled whole, eager's log at every call."""
+    fn = _PROPERTY_PROGRAMS[program]
+    torch._dynamo.reset()
+    e_stats, c_stats = adv.LayerStats(), adv.LayerStats()
+    e_x = adv.EveryOpStatsTensor(torch.arange(6.0).reshape(2, 3), e_stats)
+    c_x = adv.EveryOpStatsTensor(torch.arange(6.0).reshape(2, 3), c_stats)
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    for _ in range(3):
+        torch.testing.assert_close(plain(compiled(c_x)), plain(fn(e_x)))
+        assert c_stats.ops == e_stats.ops
+        torch.testing.assert_close(c_x.elem, e_x.elem)
