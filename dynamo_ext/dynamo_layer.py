@@ -907,8 +907,11 @@ class FrameState:
             constant = w.value if kind is ValueKind.CONSTANT else symbolic_constant(w.value)  # ``nan * s0``: nan
             if constant is not MISSING:
                 value_vt = _constant_vt(tx, constant)
+            elif id(w) in early:
+                value_vt = early[id(w)]
             else:  # a tensor or a symbolic value
-                value_vt = early[id(w)] if id(w) in early else self._graph_value_vt(t, ref, w)
+                with _pending_symbols_aside(tx):
+                    value_vt = self._graph_value_vt(t, ref, w)
             where = ref.source.name if ref.source is not None else f"<intermediate {t.cls_name}>"
             log.debug("write recorded: %s.%s <- %s", where, w.name, type(w.value).__name__)
             tx.output.side_effects.store_attr(vt, w.name, value_vt)
@@ -1063,6 +1066,24 @@ class FrameState:
                     items.append(ConstantVariable.create(v))
             return TupleVariable(items)
         return wrap_fx_proxy(self.tx, proxy)
+
+
+@contextlib.contextmanager
+def _pending_symbols_aside(tx: Any) -> Iterator[None]:
+    """Data-dependent symbols the op being propagated made (``x[x > 0]``'s length) wait for
+    its own result to return them; a write's value built meanwhile (a count's ``s0 + 1``)
+    does not hold them, and Dynamo would fail its node for not returning them."""
+    shape_env = getattr(tx.output, "shape_env", None)
+    pending = getattr(shape_env, "pending_fresh_unbacked_symbols", None)
+    if not pending:
+        yield
+        return
+    aside = list(pending)
+    pending.clear()
+    try:
+        yield
+    finally:
+        pending[:0] = aside
 
 
 def _is_sibling_alias(t: Tracked, w: Write, stored: set) -> bool:

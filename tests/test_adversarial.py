@@ -1770,3 +1770,22 @@ def test_a_tensor_property_reaching_shared_state(backend, program):
         torch.testing.assert_close(plain(compiled(c_x)), plain(fn(e_x)))
         assert c_stats.ops == e_stats.ops
         torch.testing.assert_close(c_x.elem, e_x.elem)
+
+
+_DATA_DEPENDENT = {
+    "mask_index": lambda x: x[x > 0] * 2,
+    "masked_select": lambda x: torch.masked_select(x, x > 0) * 2,
+}
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("program", list(_DATA_DEPENDENT))
+def test_a_counter_beside_a_data_dependent_size(backend, program):
+    """An op whose result's size hangs on the data (``x[x > 0]``: an unbacked symbol the op
+    must return) on a subclass counting its ops: from the second call the count is symbolic,
+    its ``s0 + 1`` was built while the op's symbol waited, and Dynamo failed the compile
+    (``PendingUnbackedSymbolNotFound``, also under ``fullgraph=False``). Compiled, the state
+    eager's at every call."""
+    fn = _DATA_DEPENDENT[program]
+    make = lambda: [NotesItsOps(torch.tensor([[-1.0, 2.0, 0.5], [3.0, -4.0, 1.0]]))]  # noqa: E731
+    differential(fn, make, backend=backend, fullgraph=True, calls=4)
