@@ -248,8 +248,9 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         ),
         Refusal(
             RefusalKind.TRACED_OPS_DIFFER,
-            "Traced, a writing class's dispatch would be handed other ops than in eager (torch's Python "
-            "decompositions: `dropout`, `batch_norm`, a batched `matmul`; ops under `torch.inference_mode`).",
+            "Traced, a writing class's dispatch would be handed other ops than in eager (Python "
+            "decompositions: `dropout`, a batched `matmul`; `torch.inference_mode`; its own `__iter__`), "
+            "or a tensor Dynamo does not track.",
             "What dispatch writes may hang on the ops it is handed, so the compiled program could "
             "write otherwise than eager. The op runs eagerly (fullgraph=False), as in eager.",
             (
