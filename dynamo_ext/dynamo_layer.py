@@ -1271,8 +1271,8 @@ _DISPATCHING_PROPERTIES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag
 
 
 def make_var_getattr_hook(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Replacement for ``TensorVariable.var_getattr`` (See Note [A tensor property on a
-    subclass])."""
+    """Replacement for ``TensorVariable.var_getattr`` (``tp_getattro_impl`` from torch 2.14;
+    See Note [A tensor property on a subclass])."""
 
     @functools.wraps(original)
     def var_getattr(self: Any, tx: Any, name: str) -> Any:
@@ -1299,14 +1299,104 @@ def _may_write(vt: Any) -> bool:
     )
 
 
+# Note [Torch functions Dynamo rewrites]
+# Dynamo's handlers for some torch functions put other ops in the graph than the function:
+# ``torch.addcdiv(..., value=v)`` as ``div``, ``mul``, ``add``; ``torch.full`` with a tensor
+# fill value as ``empty`` and ``fill_``; ``torch._foreach_lerp_`` and ``torch._foreach_pow``
+# through Python versions (``_foreach_sub``, ``_foreach_addcmul_``, ``copy_``, ...);
+# ``torch.tensor_split`` with a 0-d tensor as a constant. Eager hands dispatch the function's
+# own op: where a wrapper subclass that may write state is among the arguments, the handler
+# is passed by, and the function goes into the graph as called (a graph break where Dynamo
+# cannot, eager from there).
+
+_REWRITING_HANDLERS = ("addcdiv", "full", "_foreach_lerp_", "_foreach_pow", "tensor_split")
+# taken as called, ``torch.full`` with a traced tensor fill value fails Dynamo's compile
+# (its unbacked ``item()``): refused instead
+_REFUSED_REWRITES = frozenset({"full"})
+
+
+def make_handlers_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``TorchInGraphFunctionVariable._get_handlers`` (See Note [Torch
+    functions Dynamo rewrites])."""
+    wrapped: dict[int, dict[Any, Any]] = {}
+
+    @functools.wraps(original)
+    def _get_handlers() -> dict[Any, Any]:
+        handlers = original()
+        found = wrapped.get(id(handlers))
+        if found is None:
+            found = dict(handlers)
+            for name in _REWRITING_HANDLERS:
+                fn = getattr(torch, name, None)
+                if fn in found:
+                    found[fn] = _passed_by_for_writers(found[fn], name)
+            wrapped.clear()
+            wrapped[id(handlers)] = found
+        return found
+
+    return _get_handlers
+
+
+def _passed_by_for_writers(handler: Callable[..., Any], name: str) -> Callable[..., Any]:
+    @functools.wraps(handler)
+    def handle(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+        from torch._dynamo.variables.lists import BaseListVariable
+
+        for vt in [*args, *kwargs.values()]:
+            writer = next((v for v in (vt.items if isinstance(vt, BaseListVariable) else [vt]) if _may_write(v)), None)
+            if writer is None:
+                continue
+            if name in _REFUSED_REWRITES:
+                cls = type(writer.proxy.node.meta["example_value"])
+                _graph_break_class(
+                    RefusalKind.TRACED_OPS_DIFFER, cls, "<dispatch>", f"torch.{name} rewritten by Dynamo",
+                    f"Dynamo puts other ops in the graph for torch.{name} given a {cls.__name__} than "
+                    "the op eager hands dispatch",
+                )
+            return None
+        return handler(self, tx, *args, **kwargs)
+
+    return handle
+
+
 # Note [A subclass value Dynamo does not track]
 # Writes on a tensor the graph computed are recorded through the variable Dynamo tracks for
-# attribute writes on it (``intermediate_vt``). Some values have none: ``x.data``
-# (``_get_data_attr``) makes one Dynamo does not track. An op on such a value runs as stock
+# attribute writes on it (``intermediate_vt``). Some values have none: the items of an op's
+# tuple result (``torch.split(x, 1)[0]``, made by ``_wrap_fx_preexisting_tensor``, which
+# tracks nothing; tracked here for a class that may write), ``x.data`` before Note [A tensor
+# property on a subclass]. An op on such a value runs as stock
 # fake propagation does: what dispatch writes on it is lost, and a write on shared state it
 # reaches (a registered ctx object) lands on the real object while traced and is then
 # replayed over. An op a class whose code may write state is handed such a value is
 # refused (``traced_ops_differ``) before it runs: a graph break, eager from there.
+
+
+def make_preexisting_tensor_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``builder._wrap_fx_preexisting_tensor``, which makes the variables of
+    the items of an op's tuple result (``torch.split``, ``unbind``) without tracking them for
+    attribute writes, as ``handle_traced_output`` tracks any other tensor the graph computed:
+    a subclass item whose class may write is tracked alike (See Note [A subclass value Dynamo
+    does not track])."""
+
+    @functools.wraps(original)
+    def _wrap_fx_preexisting_tensor(target_cls: Any, tx: Any, proxy: Any, tensor: Any, subclass_type: Any = None, **options: Any) -> Any:
+        from torch._dynamo.variables import TensorVariable
+        from torch._dynamo.variables.base import AttributeMutationNew
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+        vt = original(target_cls, tx, proxy, tensor, subclass_type, **options)
+        if (
+            proxy.node.op != "placeholder"
+            and options.get("source") is None
+            and isinstance(vt, TensorVariable)
+            and vt.mutation_type is None
+            and is_traceable_wrapper_subclass(tensor)
+            and free_state.class_may_write(type(tensor))
+        ):
+            tx.output.side_effects._track_obj(proxy, vt, mutation_type_cls=AttributeMutationNew)
+        return vt
+
+    return _wrap_fx_preexisting_tensor
 
 
 def _refuse_untracked(node: torch.fx.Node) -> NoReturn:

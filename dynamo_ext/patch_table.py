@@ -14,6 +14,13 @@ from __future__ import annotations
 from . import aot_cache, aot_layer, dtensor, dynamo_layer, writeback, zero_sign
 from ._patches import Patch
 
+_PROPERTY_WHY = (
+    "x.data, x.T, x.mT (...) run dispatch; Dynamo gives the result a source it evaluates on the "
+    "real input (a method lookup, guards, residual bytecode), running dispatch there. For a "
+    "subclass that may write state the result is made with no source (See Note [A tensor "
+    "property on a subclass])"
+)
+
 #: Every change dynamo_ext makes to torch.
 TABLE: list[Patch] = [
     Patch(
@@ -53,10 +60,33 @@ TABLE: list[Patch] = [
         "torch._dynamo.variables.tensor:TensorVariable",
         "var_getattr",
         dynamo_layer.make_var_getattr_hook,
-        why="x.data, x.T, x.mT (...) run dispatch; Dynamo gives the result a source it evaluates "
-        "on the real input (a method lookup, guards, residual bytecode), running dispatch there. "
-        "For a subclass that may write state the result is made with no source (See Note [A "
-        "tensor property on a subclass]).",
+        why=_PROPERTY_WHY + ".",
+        versions=((2, 13), (2, 13)),
+    ),
+    Patch(
+        "torch._dynamo.variables.tensor:TensorVariable",
+        "tp_getattro_impl",
+        dynamo_layer.make_var_getattr_hook,
+        why=_PROPERTY_WHY + " (TensorVariable.var_getattr's successor).",
+        versions=((2, 14), (2, 15)),
+    ),
+    Patch(
+        "torch._dynamo.variables.torch:TorchInGraphFunctionVariable",
+        "_get_handlers",
+        dynamo_layer.make_handlers_hook,
+        why="Dynamo rewrites some torch functions into other ops (torch.addcdiv with value=, "
+        "torch.full with a tensor fill, _foreach_lerp_, _foreach_pow, tensor_split); eager hands "
+        "dispatch the function's own op: with a subclass that may write state among the "
+        "arguments the rewrite is passed by (See Note [Torch functions Dynamo rewrites]).",
+    ),
+    Patch(
+        "torch._dynamo.variables.builder",
+        "_wrap_fx_preexisting_tensor",
+        dynamo_layer.make_preexisting_tensor_hook,
+        why="The items of an op's tuple result (torch.split, unbind) get variables Dynamo does not "
+        "track for attribute writes: a subclass item whose class may write is tracked as any "
+        "tensor the graph computed, so what dispatch writes on it is recorded (See Note [A "
+        "subclass value Dynamo does not track]).",
     ),
     Patch(
         "torch._dynamo.convert_frame",

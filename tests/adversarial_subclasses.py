@@ -729,6 +729,34 @@ class EveryOpStatsTensor(StatsTensor):
         return _run(cls, func, args, kwargs, lambda t: cls(t, stats))
 
 
+class OpLogTensor(torch.Tensor):
+    """Logs every op on each of its instances the op is handed (``ops``, a tuple set in
+    __new__), outputs rewrapped: a logging/profiling wrapper."""
+
+    @staticmethod
+    def __new__(cls, elem, requires_grad=False):
+        r = _wrapper(cls, elem, requires_grad)
+        r.elem = elem
+        r.ops = ()
+        return r
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        return cls(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_leaves
+
+        for a in tree_leaves((args, kwargs or {})):
+            if isinstance(a, cls):
+                a.ops = a.ops + (func.overloadpacket.__name__,)
+        return _run(cls, func, args, kwargs, cls)
+
+
 class TupleCtxStatsTensor(StatsTensor):
     """Same, with the holder inside a ctx tuple."""
 

@@ -1789,3 +1789,94 @@ def test_a_counter_beside_a_data_dependent_size(backend, program):
     fn = _DATA_DEPENDENT[program]
     make = lambda: [NotesItsOps(torch.tensor([[-1.0, 2.0, 0.5], [3.0, -4.0, 1.0]]))]  # noqa: E731
     differential(fn, make, backend=backend, fullgraph=True, calls=4)
+
+
+class NotesItsOpsInLists(NotesItsOps):
+    """The same, for arguments inside lists too (``_foreach_*``)."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_leaves, tree_map_only
+
+        for a in tree_leaves((args, kwargs)):
+            if isinstance(a, cls):
+                a.last_op = func.__name__
+                a.calls = getattr(a, "calls", 0) + 1
+        args, kwargs = tree_map_only(cls, lambda t: t.elem, (args, kwargs or {}))
+        return func(*args, **kwargs)
+
+
+_REWRITTEN = {
+    "addcdiv": (lambda w: torch.addcdiv(w, w, torch.arange(1.0, 7.0).reshape(2, 3), value=0.5), (2, 3)),
+    "foreach_lerp_": (lambda w: torch._foreach_lerp_([w], [torch.ones(2, 3)], 0.3), (2, 3)),
+    "foreach_lerp_high": (lambda w: torch._foreach_lerp_([w], [torch.ones(2, 3)], 0.7), (2, 3)),
+    "foreach_pow": (lambda w: torch._foreach_pow(2.0, [w])[0] * 1, (2, 3)),
+}
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("program", list(_REWRITTEN))
+def test_a_torch_function_dynamo_rewrites(backend, program):
+    """Note [Torch functions Dynamo rewrites]: Dynamo put ``div``, ``mul``, ``add`` in the
+    graph for ``torch.addcdiv(..., value=v)`` and Python versions for ``_foreach_lerp_`` and
+    ``_foreach_pow``, where eager hands dispatch the op itself: three calls counted, the last
+    op another. Compiled whole, the state eager's."""
+    fn, shape = _REWRITTEN[program]
+    make = lambda: [NotesItsOpsInLists(torch.arange(float(math.prod(shape))).reshape(shape) / 4)]  # noqa: E731
+    differential(fn, make, backend=backend, fullgraph=True, calls=2)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_torch_full_filled_with_a_subclass(backend):
+    """``torch.full(size, w)`` with a writing 0-d subclass: Dynamo's rewrite (``empty``,
+    ``fill_``) hands dispatch ``fill_`` and returns a subclass where eager's ``item()``
+    returns a plain tensor; taken as called, Dynamo fails the compile. Refused as
+    ``traced_ops_differ``, eager under ``fullgraph=False``."""
+    fn = lambda w: torch.full((2,), w) * 2  # noqa: E731
+    make = lambda: [NotesItsOps(torch.tensor(1.5))]  # noqa: E731
+    assert_refused_untouched(fn, make, backend, "traced_ops_differ")
+    differential(fn, make, backend=backend, fullgraph=False, calls=2)
+
+
+def _split_items(x):
+    a, b = torch.split(x, 1)
+    return a * 2, a, b
+
+
+def _rows_logged(x):
+    rows = [r for r in x]
+    return rows[0] + rows[1], rows
+
+
+_TUPLE_ITEMS = {
+    "split": _split_items,
+    "unbind": lambda x: (lambda rows: (rows[1] * 2, rows))(x.unbind(0)),
+    "chunk": lambda x: torch.chunk(x, 2)[1].sum() + torch.chunk(x, 2)[0].sum(),
+    "iterate": _rows_logged,
+    "split_then_op": lambda x: [t.mul(3) for t in torch.split(x, 1)],
+}
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("program", list(_TUPLE_ITEMS))
+@pytest.mark.parametrize("cls", ["per_instance", "shared"])
+def test_the_items_of_a_tuple_result(backend, program, cls):
+    """Note [A subclass value Dynamo does not track]: the items of ``torch.split`` /
+    ``unbind`` / ``chunk`` get variables Dynamo does not track for writes: what dispatch wrote
+    on them was lost (and a shared holder's entries written while traced, outside what was
+    recorded). Compiled whole: every item's log and the shared log eager's, at every call."""
+    fn = _TUPLE_ITEMS[program]
+    if cls == "per_instance":
+        make = lambda: [adv.OpLogTensor(torch.arange(6.0).reshape(2, 3))]  # noqa: E731
+        differential(fn, make, backend=backend, fullgraph=True, calls=2)
+        return
+    torch._dynamo.reset()
+    e_stats, c_stats = adv.LayerStats(), adv.LayerStats()
+    e_x = adv.EveryOpStatsTensor(torch.arange(6.0).reshape(2, 3), e_stats)
+    c_x = adv.EveryOpStatsTensor(torch.arange(6.0).reshape(2, 3), c_stats)
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    for _ in range(2):
+        e_out, c_out = fn(e_x), compiled(c_x)
+        for e, c in zip(torch.utils._pytree.tree_leaves(e_out), torch.utils._pytree.tree_leaves(c_out)):
+            torch.testing.assert_close(plain(c), plain(e))
+        assert c_stats.ops == e_stats.ops

@@ -89,11 +89,13 @@ def _partial_dtensor_requiring_grad():
         dist.destroy_process_group()
 
 
-def _iteration():
-    torch.compile(lambda x: sum(r for r in x), backend="eager", fullgraph=True)(S.CounterTensor(torch.ones(2, 2)))
+def _what_dynamo_rewrites():
+    # iteration, a tensor property, a torch function with a handler of Dynamo's own
+    fn = lambda x: sum(r for r in x) + x.T.sum() + torch.addcdiv(x, x, x + 1, value=0.5)  # noqa: E731
+    torch.compile(fn, backend="eager", fullgraph=True)(S.CounterTensor(torch.ones(2, 2)))
 
 
-SCENARIOS = [_writes_and_guards, _float_zero, _cache_save_and_load, _aot_function, _export, _input_mutations, _iteration]
+SCENARIOS = [_writes_and_guards, _float_zero, _cache_save_and_load, _aot_function, _export, _input_mutations, _what_dynamo_rewrites]
 if _compat.HAS_DISTRIBUTED:
     SCENARIOS.append(_partial_dtensor_requiring_grad)
 
