@@ -16,6 +16,7 @@ import collections
 import dataclasses
 import functools
 import importlib
+import re
 import threading
 import types
 from typing import Any, Callable, Iterable
@@ -52,11 +53,23 @@ class Patch:
         (a, b), (c, d) = self.versions
         return f"{a}.{b}" if (a, b) == (c, d) else f"{a}.{b}-{c}.{d}"
 
+    def stored(self, owner: Any = None) -> Any:
+        """The attribute as the owner holds it (``_MISSING`` where it does not)."""
+        owner = self.owner() if owner is None else owner
+        if not hasattr(owner, "__dict__"):  # an entry object with slots: its own attribute
+            return getattr(owner, self.attr, _MISSING)
+        # the owner's own namespace: a class attribute inherited from a base would be
+        # shadowed, not patched, by setattr
+        return vars(owner).get(self.attr, _MISSING)
+
     def owner(self) -> Any:
-        mod_name, _, cls_name = self.module.partition(":")
+        """The module, class, or (``Class.table[key]``) an entry of a class's table."""
+        mod_name, _, path = self.module.partition(":")
         owner: Any = importlib.import_module(mod_name)
-        if cls_name:
-            owner = getattr(owner, cls_name)
+        for name, key in re.findall(r"(\w+)(?:\[(\w+)\])?", path):
+            owner = getattr(owner, name)
+            if key:
+                owner = owner[key]
         return owner
 
 
@@ -105,10 +118,7 @@ class PatchSet:
                 owner = patch.owner()
             except (ImportError, AttributeError) as e:
                 raise fail(str(e)) from e
-            # Look in the owner's own namespace: a class attribute inherited from
-            # a base would be shadowed, not patched, by setattr.
-            namespace = vars(owner)
-            value = namespace.get(patch.attr, _MISSING)
+            value = patch.stored(owner)
             fn = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
             if value is _MISSING or not callable(fn):
                 raise fail("not found")

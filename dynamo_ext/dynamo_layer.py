@@ -1304,8 +1304,9 @@ def _may_write(vt: Any) -> bool:
 # ``torch.addcdiv(..., value=v)`` as ``div``, ``mul``, ``add``; ``torch.full`` with a tensor
 # fill value as ``empty`` and ``fill_``; ``torch._foreach_lerp_`` and ``torch._foreach_pow``
 # through Python versions (``_foreach_sub``, ``_foreach_addcmul_``, ``copy_``, ...);
-# ``torch.tensor_split`` with a 0-d tensor as a constant. Eager hands dispatch the function's
-# own op: where a wrapper subclass that may write state is among the arguments, the handler
+# ``torch.tensor_split`` with a 0-d tensor as a constant; the methods ``addcmul_``,
+# ``addcdiv_`` (with ``value=``) and ``add_`` (with a tensor ``alpha``) as ``mul``/``div``,
+# ``fma`` and ``copy_`` (Adam's updates). Eager hands dispatch the function's own op: where a wrapper subclass that may write state is among the arguments, the handler
 # is passed by, and the function goes into the graph as called (a graph break where Dynamo
 # cannot, eager from there).
 
@@ -1335,6 +1336,21 @@ def make_handlers_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         return found
 
     return _get_handlers
+
+
+def make_method_rewrite_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``TensorVariable.method_addcmul_`` / ``method_add_`` /
+    ``method_addcdiv_``, which put ``mul``/``div``, ``fma`` and ``copy_`` in the graph for the
+    in-place op (``enable_dynamo_decompositions``, on by default): passed by where a subclass
+    that may write is the tensor or an argument (See Note [Torch functions Dynamo rewrites])."""
+
+    @functools.wraps(original)
+    def method(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+        if _may_write(self) or any(_may_write(v) for v in [*args, *kwargs.values()]):
+            return None
+        return original(self, tx, *args, **kwargs)
+
+    return method
 
 
 def _passed_by_for_writers(handler: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -1391,12 +1407,33 @@ def make_preexisting_tensor_hook(original: Callable[..., Any]) -> Callable[..., 
             and isinstance(vt, TensorVariable)
             and vt.mutation_type is None
             and is_traceable_wrapper_subclass(tensor)
+            and _a_new_item(proxy.node, tensor)
             and free_state.class_may_write(type(tensor))
         ):
             tx.output.side_effects._track_obj(proxy, vt, mutation_type_cls=AttributeMutationNew)
         return vt
 
     return _wrap_fx_preexisting_tensor
+
+
+def _a_new_item(node: torch.fx.Node, tensor: Any) -> bool:
+    """``node`` takes an item of an op's result that appears once in it and is none of the
+    op's inputs (torch 2.15's own rule for tracking them): a new object in eager too."""
+    import operator
+
+    if node.op != "call_function" or node.target is not operator.getitem or not node.args:
+        return False
+    made_by = node.args[0]
+    if not isinstance(made_by, torch.fx.Node):
+        return False
+    items = made_by.meta.get("example_value")
+    if not isinstance(items, (tuple, list)) or sum(v is tensor for v in items) != 1:
+        return False
+    return not any(
+        v is tensor
+        for arg in made_by.all_input_nodes
+        for v in torch.utils._pytree.tree_leaves(arg.meta.get("example_value"))
+    )
 
 
 def _refuse_untracked(node: torch.fx.Node) -> NoReturn:

@@ -21,6 +21,13 @@ _PROPERTY_WHY = (
     "property on a subclass])"
 )
 
+_METHOD_REWRITE_WHY = (
+    "Dynamo puts mul/div, fma and copy_ in the graph for x.addcmul_/addcdiv_(..., value=v) and "
+    "x.add_(y, alpha=tensor); eager hands dispatch the in-place op: with a subclass that may "
+    "write state as the tensor or an argument the rewrite is passed by (See Note [Torch "
+    "functions Dynamo rewrites])."
+)
+
 #: Every change dynamo_ext makes to torch.
 TABLE: list[Patch] = [
     Patch(
@@ -86,7 +93,53 @@ TABLE: list[Patch] = [
         why="The items of an op's tuple result (torch.split, unbind) get variables Dynamo does not "
         "track for attribute writes: a subclass item whose class may write is tracked as any "
         "tensor the graph computed, so what dispatch writes on it is recorded (See Note [A "
-        "subclass value Dynamo does not track]).",
+        "subclass value Dynamo does not track]). torch 2.15 tracks them itself.",
+        versions=((2, 13), (2, 14)),
+    ),
+    Patch(
+        "torch._dynamo.variables.tensor:TensorVariable",
+        "method_addcmul_",
+        dynamo_layer.make_method_rewrite_hook,
+        why=_METHOD_REWRITE_WHY,
+        versions=((2, 13), (2, 13)),
+    ),
+    Patch(
+        "torch._dynamo.variables.tensor:TensorVariable",
+        "method_addcdiv_",
+        dynamo_layer.make_method_rewrite_hook,
+        why=_METHOD_REWRITE_WHY,
+        versions=((2, 13), (2, 13)),
+    ),
+    Patch(
+        "torch._dynamo.variables.tensor:TensorVariable",
+        "method_add_",
+        dynamo_layer.make_method_rewrite_hook,
+        why=_METHOD_REWRITE_WHY,
+        versions=((2, 13), (2, 13)),
+    ),
+    Patch(
+        "torch._dynamo.variables.tensor:TensorVariable.tp_methods[addcmul_]",
+        "handler",
+        dynamo_layer.make_method_rewrite_hook,
+        why=_METHOD_REWRITE_WHY[:-1] + " (from torch 2.14 an entry of TensorVariable's tp_methods "
+        "table holds the handler, called from there).",
+        versions=((2, 14), (2, 15)),
+    ),
+    Patch(
+        "torch._dynamo.variables.tensor:TensorVariable.tp_methods[addcdiv_]",
+        "handler",
+        dynamo_layer.make_method_rewrite_hook,
+        why=_METHOD_REWRITE_WHY[:-1] + " (from torch 2.14 an entry of TensorVariable's tp_methods "
+        "table holds the handler, called from there).",
+        versions=((2, 14), (2, 15)),
+    ),
+    Patch(
+        "torch._dynamo.variables.tensor:TensorVariable.tp_methods[add_]",
+        "handler",
+        dynamo_layer.make_method_rewrite_hook,
+        why=_METHOD_REWRITE_WHY[:-1] + " (from torch 2.14 an entry of TensorVariable's tp_methods "
+        "table holds the handler, called from there).",
+        versions=((2, 14), (2, 15)),
     ),
     Patch(
         "torch._dynamo.convert_frame",

@@ -1811,6 +1811,9 @@ _REWRITTEN = {
     "foreach_lerp_": (lambda w: torch._foreach_lerp_([w], [torch.ones(2, 3)], 0.3), (2, 3)),
     "foreach_lerp_high": (lambda w: torch._foreach_lerp_([w], [torch.ones(2, 3)], 0.7), (2, 3)),
     "foreach_pow": (lambda w: torch._foreach_pow(2.0, [w])[0] * 1, (2, 3)),
+    "addcdiv_method": (lambda w: w.addcdiv_(torch.ones(2, 3), torch.full((2, 3), 2.0), value=0.5), (2, 3)),
+    "addcmul_method": (lambda w: w.addcmul_(torch.ones(2, 3), torch.full((2, 3), 2.0), value=0.5), (2, 3)),
+    "add_tensor_alpha": (lambda w: w.add_(torch.ones(2, 3), alpha=torch.tensor(0.5)), (2, 3)),
 }
 
 
@@ -1818,9 +1821,11 @@ _REWRITTEN = {
 @pytest.mark.parametrize("program", list(_REWRITTEN))
 def test_a_torch_function_dynamo_rewrites(backend, program):
     """Note [Torch functions Dynamo rewrites]: Dynamo put ``div``, ``mul``, ``add`` in the
-    graph for ``torch.addcdiv(..., value=v)`` and Python versions for ``_foreach_lerp_`` and
-    ``_foreach_pow``, where eager hands dispatch the op itself: three calls counted, the last
-    op another. Compiled whole, the state eager's."""
+    graph for ``torch.addcdiv(..., value=v)``, Python versions for ``_foreach_lerp_`` and
+    ``_foreach_pow``, ``mul``/``div``, ``fma``, ``copy_`` for the methods ``addcdiv_``,
+    ``addcmul_`` and ``add_`` with a tensor ``alpha`` (Adam's updates), where eager hands
+    dispatch the op itself: three calls counted, the last op another. Compiled whole, the
+    state eager's."""
     fn, shape = _REWRITTEN[program]
     make = lambda: [NotesItsOpsInLists(torch.arange(float(math.prod(shape))).reshape(shape) / 4)]  # noqa: E731
     differential(fn, make, backend=backend, fullgraph=True, calls=2)

@@ -735,6 +735,8 @@ def _make_opt(name, params):
         return torch.optim.SGD(params, lr=0.1, momentum=0.9, foreach=False)
     if name == "adam_foreach":
         return torch.optim.Adam(params, lr=0.01, foreach=True)
+    if name == "adam_loop":  # param.addcdiv_(..., value=), exp_avg_sq.addcmul_(..., value=)
+        return torch.optim.Adam(params, lr=0.01, foreach=False)
     raise ValueError(name)
 
 
@@ -742,7 +744,7 @@ def _opt_step(opt):
     opt.step()
 
 
-@pytest.mark.parametrize("opt_name", ["sgd_foreach", "sgd_loop", "adam_foreach"])
+@pytest.mark.parametrize("opt_name", ["sgd_foreach", "sgd_loop", "adam_foreach", "adam_loop"])
 @pytest.mark.parametrize("cls", [S.CountingParam, S.CountingParamCtx], ids=["count_in_dict", "count_in_ctx"])
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_compiled_optimizer_step_over_counting_params(backend, cls, opt_name):

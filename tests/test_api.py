@@ -10,7 +10,7 @@ from dynamo_ext._patches import Patch, PatchSet, PatchTargetError
 
 
 def _current():
-    return [p.owner().__dict__[p.attr] for p in dynamo_ext._PATCHES.rows()]
+    return [p.stored() for p in dynamo_ext._PATCHES.rows()]
 
 
 def test_disable_restores_exact_originals_and_is_idempotent():

@@ -90,8 +90,11 @@ def _partial_dtensor_requiring_grad():
 
 
 def _what_dynamo_rewrites():
-    # iteration, a tensor property, a torch function with a handler of Dynamo's own
-    fn = lambda x: sum(r for r in x) + x.T.sum() + torch.addcdiv(x, x, x + 1, value=0.5)  # noqa: E731
+    # iteration, a tensor property, torch functions and methods with handlers of Dynamo's own
+    def fn(x):
+        y = sum(r for r in x) + x.T.sum() + torch.addcdiv(x, x, x + 1, value=0.5)
+        return y.addcmul_(x, x, value=0.5).addcdiv_(x, x + 1, value=0.5).add_(x, alpha=2)
+
     torch.compile(fn, backend="eager", fullgraph=True)(S.CounterTensor(torch.ones(2, 2)))
 
 
