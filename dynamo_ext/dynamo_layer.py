@@ -1304,16 +1304,17 @@ def _may_write(vt: Any) -> bool:
 # ``torch.addcdiv(..., value=v)`` as ``div``, ``mul``, ``add``; ``torch.full`` with a tensor
 # fill value as ``empty`` and ``fill_``; ``torch._foreach_lerp_`` and ``torch._foreach_pow``
 # through Python versions (``_foreach_sub``, ``_foreach_addcmul_``, ``copy_``, ...);
-# ``torch.tensor_split`` with a 0-d tensor as a constant; the methods ``addcmul_``,
+# ``torch.tensor_split`` with a 0-d tensor as a constant; ``torch.tensor`` of tensors through
+# ``torch._refs.tensor``; the methods ``addcmul_``,
 # ``addcdiv_`` (with ``value=``) and ``add_`` (with a tensor ``alpha``) as ``mul``/``div``,
 # ``fma`` and ``copy_`` (Adam's updates). Eager hands dispatch the function's own op: where a wrapper subclass that may write state is among the arguments, the handler
 # is passed by, and the function goes into the graph as called (a graph break where Dynamo
 # cannot, eager from there).
 
-_REWRITING_HANDLERS = ("addcdiv", "full", "_foreach_lerp_", "_foreach_pow", "tensor_split")
-# taken as called, ``torch.full`` with a traced tensor fill value fails Dynamo's compile
-# (its unbacked ``item()``): refused instead
-_REFUSED_REWRITES = frozenset({"full"})
+_REWRITING_HANDLERS = ("addcdiv", "full", "tensor", "_foreach_lerp_", "_foreach_pow", "tensor_split")
+# taken as called, ``torch.full`` with a traced tensor fill value and ``torch.tensor`` of
+# traced tensors fail Dynamo's compile (their unbacked ``item()``): refused instead
+_REFUSED_REWRITES = frozenset({"full", "tensor"})
 
 
 def make_handlers_hook(original: Callable[..., Any]) -> Callable[..., Any]:
