@@ -34,6 +34,7 @@ import dataclasses
 import functools
 import logging
 import math
+import operator
 import os
 import sys
 import types
@@ -1289,9 +1290,13 @@ def make_var_getattr_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _may_write(vt: Any) -> bool:
     """The variable stands for a wrapper subclass whose code may write state."""
+    example = vt.proxy.node.meta.get("example_value") if hasattr(vt, "proxy") else None
+    return _may_write_example(example)
+
+
+def _may_write_example(example: Any) -> bool:
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-    example = vt.proxy.node.meta.get("example_value") if hasattr(vt, "proxy") else None
     return (
         isinstance(example, torch.Tensor)
         and is_traceable_wrapper_subclass(example)
@@ -1529,6 +1534,33 @@ def _subclass_arg_nodes(node: torch.fx.Node) -> list[torch.fx.Node]:
     return _tensor_arg_nodes(node, subclass=True)
 
 
+# Note [A whole-dim slice under symbolic sizes]
+# C++ indexing skips a slice that covers its dim (``x[:, 0]`` hands dispatch one ``select``)
+# when it can tell it does: always with eager's sizes, but not with a symbolic size (dynamic
+# shapes, automatic dynamic from the second shape on), where it hands dispatch a ``slice``
+# first. For a subclass that may write, such an indexing node becomes
+# ``handoff.getitem_as_eager`` (``setitem_as_eager`` for ``x[:, 0] = v``), which gives each
+# ``:`` its dim's own size (``0:s0:1``): C++ then skips it while traced too, and at run time
+# as in eager.
+
+
+def _index_as_eager(node: torch.fx.Node) -> None:
+    """See Note [A whole-dim slice under symbolic sizes]."""
+    x = node.args[0] if node.args else None
+    example = x.meta.get("example_value") if isinstance(x, torch.fx.Node) else None
+    index = node.args[1] if len(node.args) > 1 else None
+    items = index if isinstance(index, tuple) else (index,)
+    if (
+        not isinstance(example, torch.Tensor)
+        or not any(isinstance(i, slice) and i == slice(None) for i in items)
+        or not any(isinstance(s, torch.SymInt) for s in example.shape)
+        or not _may_write_example(example)
+    ):
+        return
+    node.target = handoff.getitem_as_eager if node.target is operator.getitem else handoff.setitem_as_eager
+    handoff.cacheable(node)
+
+
 def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replacement for ``torch._dynamo.utils._get_fake_value_impl``."""
 
@@ -1539,6 +1571,8 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         args = _subclass_arg_nodes(node)
         if not args:
             return original(node, tx, allow_non_graph_fake)
+        if node.target is operator.getitem or node.target is operator.setitem:
+            _index_as_eager(node)
         state = frame_state(tx)
         pairs = [(a, state.track_arg(a)) for a in args]
         for a, t in pairs:

@@ -113,3 +113,37 @@ def seed_attr(obj: Any, path: capture.Path, name: str, value: Any) -> None:
         t = scope.track(target, None)
     if name not in t.written:
         t.set_answer(name, value)
+
+
+def getitem_as_eager(x: Any, index: Any) -> Any:
+    """``x[index]`` with each slice that covers its whole dim (``:``) given the dim's own
+    size (See Note [A whole-dim slice under symbolic sizes] in dynamo_layer.py)."""
+    return x[whole_slices_sized(x, index)]
+
+
+def whole_slices_sized(x: Any, index: Any) -> Any:
+    """``index`` with each ``:`` replaced by ``0:size:1`` of its dim; unchanged where it
+    holds anything but ints, slices, ``None`` and one ``...``."""
+    items = index if isinstance(index, tuple) else (index,)
+    if not all(i is None or i is Ellipsis or isinstance(i, (int, slice)) and not isinstance(i, bool) for i in items):
+        return index
+    if sum(i is Ellipsis for i in items) > 1:
+        return index
+    consumed = sum(1 for i in items if isinstance(i, (int, slice)))
+    out, dim = [], 0
+    for i in items:
+        if i is Ellipsis:
+            dim += x.dim() - consumed
+        elif i is None:
+            pass
+        else:
+            if isinstance(i, slice) and i == slice(None) and dim < x.dim():
+                i = slice(0, x.shape[dim], 1)
+            dim += 1
+        out.append(i)
+    return tuple(out) if isinstance(index, tuple) else out[0]
+
+
+def setitem_as_eager(x: Any, index: Any, value: Any) -> None:
+    """``x[index] = value``, each ``:`` given its dim's size (as ``getitem_as_eager``)."""
+    x[whole_slices_sized(x, index)] = value

@@ -1885,3 +1885,32 @@ def test_the_items_of_a_tuple_result(backend, program, cls):
         for e, c in zip(torch.utils._pytree.tree_leaves(e_out), torch.utils._pytree.tree_leaves(c_out)):
             torch.testing.assert_close(plain(c), plain(e))
         assert c_stats.ops == e_stats.ops
+
+
+_WHOLE_DIM_SLICES = {
+    "column": lambda x: x[:, 0] * 2,
+    "columns": lambda x: x[:, 1:3] * 2,
+    "new_axis": lambda x: x[:, None] * 2,
+    "ellipsis_then_whole": lambda x: x[..., :, 0] * 2,
+    "all": lambda x: x[:] * 2,
+    "leading_columns": lambda x: x[:, :2].sum(),
+    "setitem": lambda x: (x.__setitem__((slice(None), 0), 5.0), x * 1)[1],
+}
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("program", list(_WHOLE_DIM_SLICES))
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_a_whole_dim_slice_under_symbolic_sizes(backend, program, dynamic):
+    """Note [A whole-dim slice under symbolic sizes]: ``x[:, 0]`` hands eager's dispatch one
+    ``select``; with a symbolic size (dynamic=True, or automatic dynamic from the second
+    shape) the trace handed it ``slice`` first, and the compiled call logged ``slice`` where
+    eager logged ``select``, silently. Shapes change every call; every log eager's."""
+    fn = _WHOLE_DIM_SLICES[program]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)
+    for rows in (4, 5, 6, 7):
+        make = lambda: adv.OpLogTensor(torch.arange(rows * 3.0).reshape(rows, 3))  # noqa: E731
+        e_x, c_x = make(), make()
+        assert_same_outputs(fn(e_x), compiled(c_x))
+        assert_same_state(e_x, c_x, f"{rows} rows")
