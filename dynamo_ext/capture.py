@@ -1047,7 +1047,8 @@ _DYNAMO_DIR = os.path.join(_TORCH_DIR, "_dynamo") + os.sep
 
 #: Python decompositions for CompositeImplicitAutograd found to hand dispatch what the C++ one
 #: eager runs does (tests/test_adversarial.py::test_ops_torch_decomposes_alike_compile);
-#: ``matmul``'s only where its second operand is a matrix or a vector and both fold a batched
+#: ``matmul``'s only where its second operand is a matrix or a vector (not a vector times a
+#: matrix: eager's ends in ``squeeze_``, the Python one in ``squeeze``) and both fold a batched
 #: first one (with a batched second it hands dispatch ``expand`` where eager's hands it
 #: ``transpose`` and ``expand``; unfolded, ``view`` where eager's ``_unsafe_view``).
 _ALIKE = frozenset({"aten.broadcast_tensors.default", "aten.tensor_split.tensor_indices_or_sections", "aten.unsafe_chunk.default"})
@@ -1105,6 +1106,8 @@ def _splits_alike(ops: frozenset[str], frame: Any) -> bool:
         first, second = frame.f_locals.get("tensor1"), frame.f_locals.get("tensor2")
         if not (isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)) or second.dim() > 2:
             return False
+        if first.dim() == 1 and second.dim() == 2:
+            return False  # eager's C++ ends in ``squeeze_``, the Python one in ``squeeze``
         if first.dim() <= 2:
             return True
         # a batched first operand: alike where both fold it into one ``mm``/``mv``; where

@@ -1550,7 +1550,8 @@ def test_matmul_of_every_rank(backend, subclass_on):
     """``matmul``'s Python decomposition hands dispatch what eager's C++ one does where the
     second operand is a matrix or a vector (compiled whole); with a batched one it may not
     (``expand`` where eager's hands ``transpose``, ``expand``; ``squeeze`` against a size-1
-    batch): refused as ``traced_ops_differ``, eager under ``fullgraph=False``."""
+    batch), nor for a vector times a matrix (``squeeze`` where eager's ``squeeze_``): refused
+    as ``traced_ops_differ``, eager under ``fullgraph=False``."""
     pairs = [(first, _SECOND[rank]) for first in _MATMUL_SHAPES for rank in (1, 2, 3, 4)]
     pairs += [((1, 5, 3), (2, 3, 4)), ((4, 5, 3), (1, 3, 4))]  # a size-1 batch broadcast
     for first, second in pairs:
@@ -1562,7 +1563,7 @@ def test_matmul_of_every_rank(backend, subclass_on):
         other = torch.randn(second if subclass_on == "left" else first)
         make = lambda: [NotesItsOps(torch.arange(float(math.prod(shape))).reshape(shape)), other]  # noqa: E731
         fn = (lambda w, o: w @ o) if subclass_on == "left" else (lambda w, o: o @ w)
-        if len(second) >= 3:
+        if len(second) >= 3 or (len(first), len(second)) == (1, 2):  # vector @ matrix: squeeze_
             assert_refused_untouched(fn, make, backend, "traced_ops_differ")
             differential(fn, make, backend=backend, fullgraph=False, calls=2)
         else:
@@ -1914,3 +1915,24 @@ def test_a_whole_dim_slice_under_symbolic_sizes(backend, program, dynamic):
         e_x, c_x = make(), make()
         assert_same_outputs(fn(e_x), compiled(c_x))
         assert_same_state(e_x, c_x, f"{rows} rows")
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_vector_times_a_matrix_logged(backend):
+    """``v @ W`` on a class logging every op, outputs included: eager's C++ ``matmul`` ends in
+    ``squeeze_`` on the ``mm`` result, the traced Python one in ``squeeze``: the compiled call
+    logged another op, silently. Refused; under ``fullgraph=False`` eager's log."""
+    fn = lambda v: v @ torch.arange(12.0).reshape(3, 4)  # noqa: E731
+    for fullgraph in (True, False):
+        torch._dynamo.reset()
+        e_stats, c_stats = adv.LayerStats(), adv.LayerStats()
+        e_v, c_v = adv.EveryOpStatsTensor(torch.arange(3.0), e_stats), adv.EveryOpStatsTensor(torch.arange(3.0), c_stats)
+        compiled = torch.compile(fn, backend=backend, fullgraph=fullgraph)
+        if fullgraph:
+            with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: traced_ops_differ"):
+                compiled(c_v)
+            assert c_stats.ops == ()
+            continue
+        for _ in range(2):
+            torch.testing.assert_close(plain(compiled(c_v)), plain(fn(e_v)))
+            assert c_stats.ops == e_stats.ops
