@@ -1352,3 +1352,24 @@ def _make_version_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]
 
 def _missing(obj: Any, name: str) -> Any:
     raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
+
+
+def make_backward_error_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``MetaConverter._backward_error``. Faking a subclass that requires
+    grad and is no leaf (a graph-break resume's input, an AOTAutograd input) gives the fake
+    an autograd history, which runs its dispatch (``detach``) outside any trace: a write
+    there on a registered state object its ctx holds (the real one) is put back."""
+
+    @functools.wraps(original)
+    def _backward_error(cls: type, t: Any) -> Any:
+        held = [(o, dict(vars(o))) for _, o in find_state(t)]
+        try:
+            return original(cls, t)
+        finally:
+            for o, before in held:
+                now = vars(o)
+                if now.keys() != before.keys() or any(now[k] is not v for k, v in before.items()):
+                    now.clear()
+                    now.update(before)
+
+    return _backward_error

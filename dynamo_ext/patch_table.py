@@ -11,7 +11,7 @@ aot_function``) still goes through them.
 
 from __future__ import annotations
 
-from . import aot_cache, aot_layer, dtensor, dynamo_layer, writeback, zero_sign
+from . import aot_cache, aot_layer, capture, dtensor, dynamo_layer, writeback, zero_sign
 from ._patches import Patch
 
 _PROPERTY_WHY = (
@@ -140,6 +140,14 @@ TABLE: list[Patch] = [
         why=_METHOD_REWRITE_WHY[:-1] + " (from torch 2.14 an entry of TensorVariable's tp_methods "
         "table holds the handler, called from there).",
         versions=((2, 14), (2, 15)),
+    ),
+    Patch(
+        "torch._subclasses.meta_utils:MetaConverter",
+        "_backward_error",
+        capture.make_backward_error_hook,
+        why="Faking a non-leaf subclass that requires grad (a graph-break resume's input, an "
+        "AOTAutograd input) fakes its autograd history through its dispatch (detach), outside any "
+        "trace: a write there on a registered state object its ctx holds, the real one, is put back.",
     ),
     Patch(
         "torch._dynamo.convert_frame",

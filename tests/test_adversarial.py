@@ -1936,3 +1936,33 @@ def test_a_vector_times_a_matrix_logged(backend):
         for _ in range(2):
             torch.testing.assert_close(plain(compiled(c_v)), plain(fn(e_v)))
             assert c_stats.ops == e_stats.ops
+
+
+def _breaks_inside(x, w):
+    h = x @ w
+    torch._dynamo.graph_break()
+    return h.relu()
+
+
+def _calls_a_breaking_helper(x, w):
+    return _breaks_inside(x, w).pow(2).mean()
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("program", [_breaks_inside, _calls_a_breaking_helper], ids=["break", "break_in_helper"])
+def test_a_graph_break_with_shared_state_requiring_grad(backend, program):
+    """A graph break hands the resumed code ``h``, a subclass that requires grad and is no
+    leaf: faking it (Dynamo's resume input, AOTAutograd's input) gave the fake an autograd
+    history through its dispatch (``detach``), outside any trace, and the shared holder its
+    ctx holds (the real one) kept those entries: extra ``detach`` logged, silently."""
+    torch._dynamo.reset()
+    compiled = torch.compile(program, backend=backend)
+    e_stats, c_stats = adv.LayerStats(), adv.LayerStats()
+    make = lambda st: (  # noqa: E731
+        adv.EveryOpStatsTensor(torch.arange(20.0).reshape(5, 4) / 10, st),
+        adv.EveryOpStatsTensor(torch.arange(12.0).reshape(4, 3) / 10, st, requires_grad=True),
+    )
+    e_in, c_in = make(e_stats), make(c_stats)
+    for _ in range(3):
+        torch.testing.assert_close(plain(compiled(*c_in)), plain(program(*e_in)))
+        assert c_stats.ops == e_stats.ops
