@@ -11,7 +11,9 @@ aot_function``) still goes through them.
 
 from __future__ import annotations
 
-from . import aot_cache, aot_layer, capture, dtensor, dynamo_layer, writeback, zero_sign
+from typing import Any
+
+from . import _compat, aot_cache, aot_layer, capture, dtensor, dynamo_layer, writeback, zero_sign
 from ._patches import Patch
 
 _PROPERTY_WHY = (
@@ -27,6 +29,13 @@ _METHOD_REWRITE_WHY = (
     "write state as the tensor or an argument the rewrite is passed by (See Note [Torch "
     "functions Dynamo rewrites])."
 )
+
+def _backward_error_hook(original: Any) -> Any:
+    """``MetaConverter._backward_error``: capture's, around dtensor's from torch 2.14."""
+    if _compat.applies(((2, 14), (2, 15))):
+        original = dtensor.make_backward_error_hook(original)
+    return capture.make_backward_error_hook(original)
+
 
 #: Every change dynamo_ext makes to torch.
 TABLE: list[Patch] = [
@@ -144,10 +153,12 @@ TABLE: list[Patch] = [
     Patch(
         "torch._subclasses.meta_utils:MetaConverter",
         "_backward_error",
-        capture.make_backward_error_hook,
+        _backward_error_hook,
         why="Faking a non-leaf subclass that requires grad (a graph-break resume's input, an "
         "AOTAutograd input) fakes its autograd history through its dispatch (detach), outside any "
-        "trace: a write there on a registered state object its ctx holds, the real one, is put back.",
+        "trace: a write there on a registered state object its ctx holds, the real one, is put "
+        "back. From torch 2.14 also See Note [A pending DTensor mask in a fake copy]: the fake "
+        "copy of a partial DTensor that requires grad would apply the caller's real mask to a fake.",
     ),
     Patch(
         "torch._dynamo.convert_frame",
@@ -322,14 +333,6 @@ TABLE: list[Patch] = [
         writeback.make_compile_and_exec_source,
         why="From torch 2.14 the run-time epilogues are built by codegen.PySourceBuilder, "
         "which compiles them here (subclass_codegen only re-exports the name).",
-        versions=((2, 14), (2, 15)),
-    ),
-    Patch(
-        "torch._subclasses.meta_utils:MetaConverter",
-        "_backward_error",
-        dtensor.make_backward_error_hook,
-        why="See Note [A pending DTensor mask in a fake copy]: from torch 2.14 the fake copy of "
-        "a partial DTensor that requires grad would apply the caller's real mask to a fake.",
         versions=((2, 14), (2, 15)),
     ),
 ]

@@ -121,3 +121,12 @@ def test_every_row_ran():
 def test_row_applies_to_the_release_lines_it_names(row):
     patch = next(p for p in dynamo_ext.TABLE if p.target == row)
     assert (patch in dynamo_ext._PATCHES.rows()) == _compat.applies(patch.versions)
+
+
+def test_each_target_in_one_row():
+    """Two rows on one target would each capture torch's original and the later one would
+    silently replace the other's hook: a target is patched by one row, for every version."""
+    from collections import Counter
+
+    counts = Counter(row.target for row in dynamo_ext._PATCHES.table)
+    assert [t for t, n in counts.items() if n > 1] == []
