@@ -280,6 +280,10 @@ class CodeMarks:
                 code = self._codes.pop()
                 set_code_exec_strategy(code, FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT))
 
+    def is_marked(self, code: Any) -> bool:
+        with self._lock:
+            return code in self._codes
+
     def marked(self) -> set[Any]:
         with self._lock:
             return set(self._codes)

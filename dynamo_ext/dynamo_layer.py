@@ -1454,6 +1454,25 @@ def _refuse_untracked(node: torch.fx.Node) -> NoReturn:
     )
 
 
+# Note [A dispatch frame Dynamo would compile]
+# Code that runs eagerly while Dynamo's frame hook is set (a frame Dynamo skipped after a
+# graph break in a loop, the part after a graph break it could not resume) calls a
+# subclass's ``__torch_dispatch__`` as a Python frame, which Dynamo then compiles on its
+# own, on real tensors: a ctx int left symbolic, or an analysis that restarts and diverges
+# (``SpeculationLogDivergence``, an outside tester's find). Eager runs dispatch as Python:
+# the dispatch code of a class whose code may write, once traced, is marked to run eagerly
+# (with what it calls), as a refused op's is.
+
+
+def _dispatch_runs_eagerly(cls: type) -> None:
+    """See Note [A dispatch frame Dynamo would compile]."""
+    from . import _patches
+
+    code = getattr(getattr(getattr(cls, "__torch_dispatch__", None), "__func__", None), "__code__", None)
+    if code is not None and free_state.is_user_code(code.co_filename) and not _patches.CODE_MARKS.is_marked(code):
+        _patches.CODE_MARKS.run_eagerly(code)
+
+
 def _graph_break_class(kind: RefusalKind, cls: type, attr: str, value_type: str, context: str, hint: str = "") -> NoReturn:
     """``_graph_break`` for a class (no tracked object)."""
     from . import _patches
@@ -1602,6 +1621,8 @@ def _propagate(
         for t in tracked:
             state.collector.add_class(type(t.obj))
             state.watch.add_class(type(t.obj))
+            if state.collector.writes_attributes:
+                _dispatch_runs_eagerly(type(t.obj))
         try:
             state.guard_free_reads()  # objects the classes' code reaches are tracked before it runs
         except _Refused as bad:

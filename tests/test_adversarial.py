@@ -1966,3 +1966,38 @@ def test_a_graph_break_with_shared_state_requiring_grad(backend, program):
     for _ in range(3):
         torch.testing.assert_close(plain(compiled(*c_in)), plain(program(*e_in)))
         assert c_stats.ops == e_stats.ops
+
+
+def _loop_with_a_break(x):
+    acc = x[0] * 0
+    for r in x:
+        acc = acc + r
+        torch._dynamo.graph_break()
+    return acc
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("cls", ["per_instance", "shared"])
+def test_a_graph_break_inside_a_loop_over_a_subclass(backend, cls):
+    """Note [A dispatch frame Dynamo would compile]: a graph break in the body of a loop over
+    a writing subclass makes Dynamo run the frame eagerly and compile the subclass's
+    ``__torch_dispatch__`` frame on its own, where the shared-state case raised
+    ``SpeculationLogDivergence`` (``fullgraph=False``: nothing may raise that eager does
+    not). Every log eager's."""
+    torch._dynamo.reset()
+    compiled = torch.compile(_loop_with_a_break, backend=backend)
+    if cls == "per_instance":
+        e_x, c_x = (adv.OpLogTensor(torch.arange(12.0).reshape(3, 4)) for _ in range(2))
+        e_stats = c_stats = None
+    else:
+        e_stats, c_stats = adv.LayerStats(), adv.LayerStats()
+        e_x = adv.EveryOpStatsTensor(torch.arange(12.0).reshape(3, 4), e_stats)
+        c_x = adv.EveryOpStatsTensor(torch.arange(12.0).reshape(3, 4), c_stats)
+    for call in range(3):
+        e_out, c_out = _loop_with_a_break(e_x), compiled(c_x)
+        if cls == "shared":
+            torch.testing.assert_close(plain(c_out), plain(e_out))
+            assert c_stats.ops == e_stats.ops
+        else:
+            assert_same_outputs(e_out, c_out)
+            assert_same_state(e_x, c_x, f"call {call}")
