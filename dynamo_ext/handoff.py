@@ -122,24 +122,33 @@ def getitem_as_eager(x: Any, index: Any) -> Any:
 
 
 def whole_slices_sized(x: Any, index: Any) -> Any:
-    """``index`` with each ``:`` replaced by ``0:size:1`` of its dim; unchanged where it
-    holds anything but ints, slices, ``None`` and one ``...``."""
+    """``index`` with each ``:`` replaced by ``0:size:1`` of its dim; unchanged where an
+    entry's dims cannot be told (a nested list of bools, more than one ``...``)."""
+    import torch
+
     items = index if isinstance(index, tuple) else (index,)
-    if not all(i is None or i is Ellipsis or isinstance(i, (int, slice)) and not isinstance(i, bool) for i in items):
+
+    def dims(i: Any) -> int | None:  # the dims of ``x`` an entry takes
+        if i is None or i is Ellipsis or isinstance(i, bool):
+            return 0
+        if isinstance(i, (int, slice)):
+            return 1
+        if isinstance(i, torch.Tensor):
+            return i.dim() if i.dtype in (torch.bool, torch.uint8) else 1
+        if isinstance(i, list) and not any(isinstance(v, (list, tuple)) for v in i):
+            return 1
+        return None
+
+    taken = [dims(i) for i in items]
+    if any(t is None for t in taken) or sum(i is Ellipsis for i in items) > 1:
         return index
-    if sum(i is Ellipsis for i in items) > 1:
-        return index
-    consumed = sum(1 for i in items if isinstance(i, (int, slice)))
     out, dim = [], 0
-    for i in items:
+    for i, t in zip(items, taken):
         if i is Ellipsis:
-            dim += x.dim() - consumed
-        elif i is None:
-            pass
-        else:
-            if isinstance(i, slice) and i == slice(None) and dim < x.dim():
-                i = slice(0, x.shape[dim], 1)
-            dim += 1
+            dim += x.dim() - sum(taken)
+        elif isinstance(i, slice) and i == slice(None) and dim < x.dim():
+            i = slice(0, x.shape[dim], 1)
+        dim += t
         out.append(i)
     return tuple(out) if isinstance(index, tuple) else out[0]
 

@@ -1895,6 +1895,9 @@ _WHOLE_DIM_SLICES = {
     "ellipsis_then_whole": lambda x: x[..., :, 0] * 2,
     "all": lambda x: x[:] * 2,
     "leading_columns": lambda x: x[:, :2].sum(),
+    "list_index": lambda x: x[:, [0, 2]] * 2,
+    "mask_index": lambda x: x[:, torch.tensor([True, False, True])] * 2,
+    "row_then_whole": lambda x: x[-1, :] * 2,
     "setitem": lambda x: (x.__setitem__((slice(None), 0), 5.0), x * 1)[1],
 }
 
