@@ -23,6 +23,7 @@ _PROPERTY_WHY = (
     "property on a subclass])"
 )
 
+_REWRITTEN_METHODS = ("addcmul_", "addcdiv_", "add_")
 _METHOD_REWRITE_WHY = (
     "Dynamo puts mul/div, fma and copy_ in the graph for x.addcmul_/addcdiv_(..., value=v) and "
     "x.add_(y, alpha=tensor); eager hands dispatch the in-place op: with a subclass that may "
@@ -105,50 +106,26 @@ TABLE: list[Patch] = [
         "subclass value Dynamo does not track]). torch 2.15 tracks them itself.",
         versions=((2, 13), (2, 14)),
     ),
-    Patch(
-        "torch._dynamo.variables.tensor:TensorVariable",
-        "method_addcmul_",
-        dynamo_layer.make_method_rewrite_hook,
-        why=_METHOD_REWRITE_WHY,
-        versions=((2, 13), (2, 13)),
+    *(
+        Patch(
+            "torch._dynamo.variables.tensor:TensorVariable",
+            f"method_{name}",
+            dynamo_layer.make_method_rewrite_hook,
+            why=_METHOD_REWRITE_WHY,
+            versions=((2, 13), (2, 13)),
+        )
+        for name in _REWRITTEN_METHODS
     ),
-    Patch(
-        "torch._dynamo.variables.tensor:TensorVariable",
-        "method_addcdiv_",
-        dynamo_layer.make_method_rewrite_hook,
-        why=_METHOD_REWRITE_WHY,
-        versions=((2, 13), (2, 13)),
-    ),
-    Patch(
-        "torch._dynamo.variables.tensor:TensorVariable",
-        "method_add_",
-        dynamo_layer.make_method_rewrite_hook,
-        why=_METHOD_REWRITE_WHY,
-        versions=((2, 13), (2, 13)),
-    ),
-    Patch(
-        "torch._dynamo.variables.tensor:TensorVariable.tp_methods[addcmul_]",
-        "handler",
-        dynamo_layer.make_method_rewrite_hook,
-        why=_METHOD_REWRITE_WHY[:-1] + " (from torch 2.14 an entry of TensorVariable's tp_methods "
-        "table holds the handler, called from there).",
-        versions=((2, 14), (2, 15)),
-    ),
-    Patch(
-        "torch._dynamo.variables.tensor:TensorVariable.tp_methods[addcdiv_]",
-        "handler",
-        dynamo_layer.make_method_rewrite_hook,
-        why=_METHOD_REWRITE_WHY[:-1] + " (from torch 2.14 an entry of TensorVariable's tp_methods "
-        "table holds the handler, called from there).",
-        versions=((2, 14), (2, 15)),
-    ),
-    Patch(
-        "torch._dynamo.variables.tensor:TensorVariable.tp_methods[add_]",
-        "handler",
-        dynamo_layer.make_method_rewrite_hook,
-        why=_METHOD_REWRITE_WHY[:-1] + " (from torch 2.14 an entry of TensorVariable's tp_methods "
-        "table holds the handler, called from there).",
-        versions=((2, 14), (2, 15)),
+    *(
+        Patch(
+            f"torch._dynamo.variables.tensor:TensorVariable.tp_methods[{name}]",
+            "handler",
+            dynamo_layer.make_method_rewrite_hook,
+            why=_METHOD_REWRITE_WHY[:-1] + " (from torch 2.14 an entry of TensorVariable's tp_methods "
+            "table holds the handler, called from there).",
+            versions=((2, 14), (2, 15)),
+        )
+        for name in _REWRITTEN_METHODS
     ),
     Patch(
         "torch._subclasses.meta_utils:MetaConverter",

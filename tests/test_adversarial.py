@@ -1761,14 +1761,21 @@ def test_a_tensor_property_reaching_shared_state(backend, program):
     """The ops on ``x.data`` (a tensor Dynamo did not track for writes) wrote the shared
     holder while traced, outside what was recorded: the compiled call lost ``mul``. Every op
     logged, compiled whole, eager's log at every call."""
-    fn = _PROPERTY_PROGRAMS[program]
+    _assert_shared_log_as_eager(_PROPERTY_PROGRAMS[program], backend, calls=3)
+
+
+def _assert_shared_log_as_eager(fn, backend, calls):
+    """``fn`` on a class logging every op into a shared holder, compiled whole: every output
+    and the whole log eager's at every call."""
     torch._dynamo.reset()
     e_stats, c_stats = adv.LayerStats(), adv.LayerStats()
     e_x = adv.EveryOpStatsTensor(torch.arange(6.0).reshape(2, 3), e_stats)
     c_x = adv.EveryOpStatsTensor(torch.arange(6.0).reshape(2, 3), c_stats)
     compiled = torch.compile(fn, backend=backend, fullgraph=True)
-    for _ in range(3):
-        torch.testing.assert_close(plain(compiled(c_x)), plain(fn(e_x)))
+    for _ in range(calls):
+        e_out, c_out = fn(e_x), compiled(c_x)
+        for e, c in zip(torch.utils._pytree.tree_leaves(e_out), torch.utils._pytree.tree_leaves(c_out)):
+            torch.testing.assert_close(plain(c), plain(e))
         assert c_stats.ops == e_stats.ops
         torch.testing.assert_close(c_x.elem, e_x.elem)
 
@@ -1876,16 +1883,7 @@ def test_the_items_of_a_tuple_result(backend, program, cls):
         make = lambda: [adv.OpLogTensor(torch.arange(6.0).reshape(2, 3))]  # noqa: E731
         differential(fn, make, backend=backend, fullgraph=True, calls=2)
         return
-    torch._dynamo.reset()
-    e_stats, c_stats = adv.LayerStats(), adv.LayerStats()
-    e_x = adv.EveryOpStatsTensor(torch.arange(6.0).reshape(2, 3), e_stats)
-    c_x = adv.EveryOpStatsTensor(torch.arange(6.0).reshape(2, 3), c_stats)
-    compiled = torch.compile(fn, backend=backend, fullgraph=True)
-    for _ in range(2):
-        e_out, c_out = fn(e_x), compiled(c_x)
-        for e, c in zip(torch.utils._pytree.tree_leaves(e_out), torch.utils._pytree.tree_leaves(c_out)):
-            torch.testing.assert_close(plain(c), plain(e))
-        assert c_stats.ops == e_stats.ops
+    _assert_shared_log_as_eager(fn, backend, calls=2)
 
 
 _WHOLE_DIM_SLICES = {
