@@ -1571,7 +1571,7 @@ def _index_as_eager(node: torch.fx.Node) -> None:
     items = index if isinstance(index, tuple) else (index,)
     if (
         not isinstance(example, torch.Tensor)
-        or not any(isinstance(i, slice) and i == slice(None) for i in items)
+        or not any(handoff.whole_dim_candidate(i) for i in items)
         or not any(isinstance(s, torch.SymInt) for s in example.shape)
         or not _may_write_example(example)
     ):

@@ -122,8 +122,9 @@ def getitem_as_eager(x: Any, index: Any) -> Any:
 
 
 def whole_slices_sized(x: Any, index: Any) -> Any:
-    """``index`` with each ``:`` replaced by ``0:size:1`` of its dim; unchanged where an
-    entry's dims cannot be told (a nested list of bools, more than one ``...``)."""
+    """``index`` with each slice that covers its whole dim (``:``, ``0:n`` with ``n`` at least
+    the size: a guard on a symbolic size) replaced by ``0:size:1``; unchanged where an entry's
+    dims cannot be told (a nested list of bools, more than one ``...``)."""
     import torch
 
     items = index if isinstance(index, tuple) else (index,)
@@ -146,7 +147,7 @@ def whole_slices_sized(x: Any, index: Any) -> Any:
     for i, t in zip(items, taken):
         if i is Ellipsis:
             dim += x.dim() - sum(taken)
-        elif isinstance(i, slice) and i == slice(None) and dim < x.dim():
+        elif _covers_its_dim(i, x, dim):
             i = slice(0, x.shape[dim], 1)
         dim += t
         out.append(i)
@@ -156,3 +157,19 @@ def whole_slices_sized(x: Any, index: Any) -> Any:
 def setitem_as_eager(x: Any, index: Any, value: Any) -> None:
     """``x[index] = value``, each ``:`` given its dim's size (as ``getitem_as_eager``)."""
     x[whole_slices_sized(x, index)] = value
+
+
+def whole_dim_candidate(i: Any) -> bool:
+    """A slice that covers its dim for some sizes: no start, no step, any plain stop."""
+    return (
+        isinstance(i, slice)
+        and i.start in (None, 0)
+        and i.step in (None, 1)
+        and (i.stop is None or type(i.stop) is int and i.stop > 0)
+    )
+
+
+def _covers_its_dim(i: Any, x: Any, dim: int) -> bool:
+    if not whole_dim_candidate(i) or dim >= x.dim():
+        return False
+    return i.stop is None or bool(i.stop >= x.shape[dim])

@@ -1896,6 +1896,8 @@ _WHOLE_DIM_SLICES = {
     "list_index": lambda x: x[:, [0, 2]] * 2,
     "mask_index": lambda x: x[:, torch.tensor([True, False, True])] * 2,
     "row_then_whole": lambda x: x[-1, :] * 2,
+    "stop_past_the_end": lambda x: x[:, 0:100] * 2,
+    "leading_rows": lambda x: x[:2, 0:3] * 2,
     "setitem": lambda x: (x.__setitem__((slice(None), 0), 5.0), x * 1)[1],
 }
 
