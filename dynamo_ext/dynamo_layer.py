@@ -1560,7 +1560,8 @@ def _subclass_arg_nodes(node: torch.fx.Node) -> list[torch.fx.Node]:
 # first. For a subclass that may write, such an indexing node becomes
 # ``handoff.getitem_as_eager`` (``setitem_as_eager`` for ``x[:, 0] = v``), which gives each
 # ``:`` its dim's own size (``0:s0:1``): C++ then skips it while traced too, and at run time
-# as in eager.
+# as in eager. A slice from the start whose stop reaches the end (``0:100`` on 5 rows, which
+# eager clamps) is given it too, guarded on the stop reaching the size.
 
 
 def _index_as_eager(node: torch.fx.Node) -> None:
