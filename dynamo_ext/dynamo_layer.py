@@ -1450,7 +1450,6 @@ def _refuse_untracked(node: torch.fx.Node) -> NoReturn:
         RefusalKind.TRACED_OPS_DIFFER, cls, "<dispatch>", f"a {cls.__name__} Dynamo does not track ({made_by})",
         f"an op is handed a {cls.__name__} made by {made_by}, which Dynamo does not track for attribute "
         "writes: what its dispatch writes could not be recorded",
-        hint="Use the tensor itself rather than x.data (in-place updates under torch.no_grad()).",
     )
 
 
