@@ -1053,8 +1053,6 @@ class FrameState:
         if type(value) is tuple and not all(isinstance(v, SYMBOLIC_TYPES) for v in value):
             # ``("rows", n)``: the graph returns the symbolic items, the residual bytecode
             # builds the tuple (Dynamo takes no tuple holding a str as a graph value)
-            import operator
-
             from torch._dynamo.variables import ConstantVariable, TupleVariable
 
             proxy.node.meta["example_value"] = value
@@ -1425,8 +1423,6 @@ def make_preexisting_tensor_hook(original: Callable[..., Any]) -> Callable[..., 
 def _a_new_item(node: torch.fx.Node, tensor: Any) -> bool:
     """``node`` takes an item of an op's result that appears once in it and is none of the
     op's inputs (torch 2.15's own rule for tracking them): a new object in eager too."""
-    import operator
-
     if node.op != "call_function" or node.target is not operator.getitem or not node.args:
         return False
     made_by = node.args[0]
@@ -1467,18 +1463,22 @@ def _dispatch_runs_eagerly(cls: type) -> None:
     """See Note [A dispatch frame Dynamo would compile]."""
     from . import _patches
 
-    code = getattr(getattr(getattr(cls, "__torch_dispatch__", None), "__func__", None), "__code__", None)
+    code = _dispatch_code(cls)
     if code is not None and free_state.is_user_code(code.co_filename) and not _patches.CODE_MARKS.is_marked(code):
         _patches.CODE_MARKS.run_eagerly(code)
+
+
+def _dispatch_code(cls: type) -> types.CodeType | None:
+    """The code of the class's ``__torch_dispatch__`` (a classmethod or a staticmethod)."""
+    fn = getattr(cls, "__torch_dispatch__", None)
+    return getattr(getattr(fn, "__func__", fn), "__code__", None)
 
 
 def _graph_break_class(kind: RefusalKind, cls: type, attr: str, value_type: str, context: str, hint: str = "") -> NoReturn:
     """``_graph_break`` for a class (no tracked object)."""
     from . import _patches
 
-    code = getattr(getattr(cls.__dict__.get("__torch_dispatch__"), "__func__", None), "__code__", None)
-    if code is None:
-        code = getattr(getattr(getattr(cls, "__torch_dispatch__", None), "__func__", None), "__code__", None)
+    code = _dispatch_code(cls)
     if code is not None:
         _patches.CODE_MARKS.run_eagerly(code)
     refuse(kind, cls.__name__, attr, value_type, context, hint)
@@ -1493,13 +1493,7 @@ def _graph_break(kind: RefusalKind, t: Tracked, attr: str, value_type: str, cont
     under a stock error.  Dispatch frames are run eagerly instead, recursively, which
     is what the graph break means (a code mark ``disable()`` undoes).
     """
-    from . import _patches
-
-    dispatch = getattr(getattr(type(t.obj), "__torch_dispatch__", None), "__func__", None)
-    code = getattr(dispatch, "__code__", None)
-    if code is not None:
-        _patches.CODE_MARKS.run_eagerly(code)
-    refuse(kind, t.cls_name, attr, value_type, context, hint)
+    _graph_break_class(kind, type(t.obj), attr, value_type, context, hint)
 
 
 # --------------------------------------------------------------------------- #
@@ -1995,6 +1989,7 @@ def make_unpack_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def unpack_var_sequence(self: Any, tx: Any, idxes: Any = None) -> Any:
         from torch._dynamo.variables import ConstantVariable
+
         if not _may_write(self):
             return original(self, tx, idxes)
         example = self.proxy.node.meta["example_value"]
