@@ -1415,7 +1415,9 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                 if planner is not None:
                     planner.made_by_dispatch = _made_by_dispatch(out)
             except capture.FlattenMismatch as bad:
-                raise SubclassWriteError(RefusalKind.FLATTEN_ROUND_TRIP, bad.tracked.cls_name, bad.name, "Tensor") from None
+                raise SubclassWriteError(
+                    RefusalKind[bad.kind_name], bad.tracked.cls_name, bad.name, bad.value_type, bad.context
+                ) from None
             if changes:
                 raise SubclassWriteError(
                     RefusalKind.GLOBAL_STATE_WRITE, next((t.cls_name for t in scope.tracked.values()), "traced function"),

@@ -451,12 +451,84 @@ class FlattenMismatch(BaseException):
     """The traced instance does not hold an inner tensor the real object flattens to
     (its ``__tensor_unflatten__`` drops it): the trace would not see the input's state.
     A BaseException, so neither the subclass's ``except Exception`` nor Dynamo's error
-    wrapping swallows it."""
+    wrapping swallows it. ``SlotState`` is its other case."""
+
+    #: the refusal each layer raises for it, and its value type, context and hint
+    kind_name = "FLATTEN_ROUND_TRIP"
+    value_type = "Tensor"
+    context = ""
+    hint = ""
 
     def __init__(self, tracked: Tracked, name: str) -> None:
         super().__init__(name)
         self.tracked = tracked
         self.name = name
+
+
+# Note [State in __slots__]
+# A subclass's own ``__slots__`` members live outside its instance dict: torch does not carry
+# them to the traced instance (only what ``__tensor_unflatten__`` sets, from the ctx, or what
+# ``__new__``/``__init__`` default to), and a read of one on the traced instance went unguarded
+# (a scale set between calls silently ignored, stock alike; an outside tester's find); a
+# write looked like a deletion. Dispatch reading or writing such a member of a traced
+# object is refused (``unsupported_state_read``), but for inner tensors the flatten list
+# names, in ``__tensor_flatten__``, and where the member holds a value of the ctx, which the
+# traced instance is rebuilt from and Dynamo guards.
+
+
+class SlotState(FlattenMismatch):
+    """See Note [State in __slots__]."""
+
+    kind_name = "UNSUPPORTED_STATE_READ"
+    value_type = "__slots__ member"
+    hint = "Keep the state in the instance dict (leave it out of __slots__) or in the __tensor_flatten__ ctx."
+
+    def __init__(self, tracked: Tracked, name: str, verb: str) -> None:
+        super().__init__(tracked, name)
+        self.context = (
+            f"dispatch {verb} {name!r}, a __slots__ member of {tracked.cls_name}: slot state is not carried "
+            "into the traced program (the traced instance's slot is not the real object's)"
+        )
+
+
+@functools.lru_cache(maxsize=4096)
+def _user_slot(cls: type, name: str) -> bool:
+    """``name`` is a ``__slots__`` member a user class declares (not torch's own; a class's
+    slots are fixed when it is made)."""
+    value = class_attribute(cls, name)
+    return isinstance(value, types.MemberDescriptorType) and not (
+        getattr(value.__objclass__, "__module__", "") or ""
+    ).startswith("torch")
+
+
+def _carried_by_ctx(t: Tracked, name: str, get: Callable[[Any, str], Any]) -> bool:
+    """The real object's slot holds a value its flatten ctx holds, and the traced instance
+    (rebuilt from that ctx, which Dynamo guards) holds it too."""
+    try:
+        real_value = get(t.real, name)
+        traced_value = get(t.obj, name)
+        with unobserved():
+            ctx = t.real.__tensor_flatten__()[1]
+    except Exception:  # noqa: BLE001 - absent, or a flatten that fails here: not carried
+        return False
+    leaves = torch.utils._pytree.tree_leaves(ctx)
+    if not any(v is real_value for v in leaves):
+        return False
+    try:
+        return traced_value is real_value or bool(traced_value == real_value)
+    except Exception:  # noqa: BLE001 - a value that does not compare
+        return False
+
+
+def _in_flatten(depth: int = 3, most: int = 4) -> bool:
+    frame = sys._getframe(depth)
+    for _ in range(most):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "__tensor_flatten__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def check_inner(t: Tracked, name: str, get: Callable[[Any, str], Any]) -> None:
@@ -595,6 +667,12 @@ class Scope:
     # -- what the hooks call ------------------------------------------------
 
     def read(self, t: Tracked, name: str, get: Callable[[Any, str], Any]) -> Any:
+        if (
+            t.real is not None and not t.plain_inner and name not in t.flatten_names
+            and _user_slot(type(t.obj), name) and _called_from_user(3) and not _in_flatten()
+            and not _carried_by_ctx(t, name, get)
+        ):
+            raise SlotState(t, name, "read")  # See Note [State in __slots__]
         if name == "__dict__":
             # User code reading __dict__ itself sees every entry eager would find there.
             if t.on_read is not None and not t.dict_complete and not _called_from_torch(3):
@@ -678,6 +756,8 @@ class Scope:
         t.dict_complete = True
 
     def write(self, t: Tracked, name: str, value: Any) -> None:
+        if not t.plain_inner and name not in t.flatten_names and _user_slot(type(t.obj), name):
+            raise SlotState(t, name, "wrote")
         self.catch_up()  # what went through an instance dict before this write, first
         old = obj_dict(t.obj).get(name, MISSING)
         self.events.append(Write(t, name, value, old))

@@ -105,7 +105,10 @@ class FrameState:
         # the sources of attributes dispatch wrote on objects the frame has sources for (See
         # Note [Values read before dispatch wrote them])
         self.written_sources: set[Any] = set()
-        self.scope.on_access = self.collector.on_access
+        self.scope.on_access = self._on_access
+        #: whether traced code touched a tracked object since last cleared (See Note
+        #: [Dispatch an op runs on tensors it is not given])
+        self.touched = False
         self._node: torch.fx.Node | None = None  # the op being propagated
         self._by_fake: dict[int, Any] = {}
         self._inputs_seen: set[Any] = set()
@@ -116,6 +119,10 @@ class FrameState:
         self.nested_writes: dict[int, tuple[Any, set[str]]] = {}
         # ints read from the ctx of a class with its own __metadata_guard__: (source, value)
         self.custom_ctx_reads: list[tuple[Any, int]] = []
+
+    def _on_access(self, frame: Any, cls: type) -> None:
+        self.touched = True
+        self.collector.on_access(frame, cls)
 
     @staticmethod
     def _new_items(d: dict, seen: set) -> list:
@@ -892,6 +899,9 @@ class FrameState:
                     RefusalKind.OPAQUE_VALUE, t, w.name, type(w.value).__name__,
                     f"{t.cls_name}'s own __setattr__ set {w.name!r}, and the replayed writes would "
                     "run it a second time",
+                    hint=f"The value is not the problem: {t.cls_name}'s own __setattr__ sets {w.name!r} besides "
+                    "the attribute assigned, and replaying the assignment would run it again. Assign "
+                    f"{w.name!r} directly in dispatch instead.",
                 )
             if capture.under_a_descriptor(t, w.name):
                 _refuse(
@@ -1574,6 +1584,17 @@ def _index_as_eager(node: torch.fx.Node) -> None:
     handoff.cacheable(node)
 
 
+# Note [Dispatch an op runs on tensors it is not given]
+# A node's fake propagation can run a subclass's dispatch on instances that are not among
+# its arguments: ``torch.func.grad`` / ``vjp`` / ``jacrev`` put a backward in the graph (one
+# ``_autograd_grad`` node over plain tensors), whose ops reach a weight through what autograd
+# saved. Run outside the capture block, what dispatch wrote there went onto the fake (taken,
+# at the next op, for torch's doing) and what it read was the fake's: the compiled call left
+# only the forward's writes on backend="eager" (an outside tester's find) and was refused on
+# aot_eager. Once the frame tracks a subclass, every node's propagation runs in the block,
+# so writes on whatever tracked object it reaches are recorded and its reads answered.
+
+
 def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replacement for ``torch._dynamo.utils._get_fake_value_impl``."""
 
@@ -1583,7 +1604,11 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(node, tx, allow_non_graph_fake)  # nothing runs
         args = _subclass_arg_nodes(node)
         if not args:
-            return original(node, tx, allow_non_graph_fake)
+            state = tx.output.__dict__.get(_STATE_KEY)
+            if state is None or not state.scope.tracked:
+                return original(node, tx, allow_non_graph_fake)
+            # See Note [Dispatch an op runs on tensors it is not given]
+            return _propagate(state, node, tx, original, allow_non_graph_fake, [])
         if node.target is operator.getitem or node.target is operator.setitem:
             _index_as_eager(node)
         state = frame_state(tx)
@@ -1608,6 +1633,10 @@ def _propagate(
     state: FrameState, node: torch.fx.Node, tx: Any, original: Callable[..., Any], allow: bool, tracked: list[Tracked]
 ) -> Any:
     scope = state.scope
+
+    def blame() -> Tracked:  # the object a refusal names
+        return tracked[0] if tracked else _first_subclass(state, node)
+
     outer_node = state._node  # fake propagation can nest (a value Dynamo builds while answering a read)
     state._node = node
     state.tx = tx
@@ -1617,10 +1646,11 @@ def _propagate(
             state.watch.add_class(type(t.obj))
             if state.collector.writes_attributes:
                 _dispatch_runs_eagerly(type(t.obj))
-        try:
-            state.guard_free_reads()  # objects the classes' code reaches are tracked before it runs
-        except _Refused as bad:
-            _graph_break(*bad.args_)
+        if tracked:
+            try:
+                state.guard_free_reads()  # objects the classes' code reaches are tracked before it runs
+            except _Refused as bad:
+                _graph_break(*bad.args_)
         while True:
             checkpoint = _Checkpoint(scope)
             try:
@@ -1628,8 +1658,12 @@ def _propagate(
                 del scope.caught[:]
                 del scope.decomposed[:]
                 scope.watch_caught = watched = state.collector.catches
+                state.touched = False
                 with scope.active(), state.watch.watching() as changes:
                     result = original(node, tx, allow)
+                # a node given no subclass that reached none (See Note [Dispatch an op runs
+                # on tensors it is not given]): nothing of dispatch's ran
+                reached = bool(tracked) or state.touched
                 if state.collector.catches and not watched:
                     checkpoint.rollback()  # code found while it ran handles exceptions: again, watched
                     continue
@@ -1652,7 +1686,7 @@ def _propagate(
                         change.what, f"{len(changes)} module global(s) changed while tracing: "
                         + ", ".join(f"{c.module}.{c.name} ({c.what})" for c in changes),
                     )
-                if state.guard_free_reads():
+                if reached and state.guard_free_reads():
                     checkpoint.rollback()
                     continue
             except _NeedsSeed as need:
@@ -1667,7 +1701,7 @@ def _propagate(
                 _graph_break(*bad.args_)
             except capture.FlattenMismatch as bad:
                 checkpoint.rollback()
-                _graph_break(RefusalKind.FLATTEN_ROUND_TRIP, bad.tracked, bad.name, "Tensor", "")
+                _graph_break(RefusalKind[bad.kind_name], bad.tracked, bad.name, bad.value_type, bad.context, bad.hint)
             except Exception as exc:
                 checkpoint.rollback()
                 user = _raised_by_user_code(exc)
@@ -1678,10 +1712,10 @@ def _propagate(
                     # the user's ``w * x`` line with torch's frames below it)
                     _graph_break(*_swallowed_refusal(state, node, users))
                 if user is not None:
-                    _graph_break(RefusalKind.DISPATCH_RAISED, tracked[0], "<dispatch>", type(user).__name__, repr(user)[:300])
+                    _graph_break(RefusalKind.DISPATCH_RAISED, blame(), "<dispatch>", type(user).__name__, repr(user)[:300])
                 if state.tensor_reads and _real_tensor_in_fake_propagation(exc):
                     _graph_break(
-                        RefusalKind.UNSUPPORTED_STATE_READ, tracked[0], next(iter(state.tensor_reads)), "Tensor",
+                        RefusalKind.UNSUPPORTED_STATE_READ, blame(), next(iter(state.tensor_reads)), "Tensor",
                         "dispatch computes with a real tensor it reaches through a global or closure variable "
                         f"({', '.join(state.tensor_reads)}): the compiled program cannot take it as an input",
                     )
@@ -1691,7 +1725,7 @@ def _propagate(
                 left = _left_dispatch(exc, scope.raised)
                 if left is not None:
                     _graph_break(
-                        RefusalKind.DISPATCH_RAISED, tracked[0], "<dispatch>", type(left).__name__,
+                        RefusalKind.DISPATCH_RAISED, blame(), "<dispatch>", type(left).__name__,
                         f"{type(left).__name__} left dispatch while traced ({str(left)[:200]!r}): dispatch "
                         "cannot be traced there (a branch on tensor data)",
                     )
@@ -2048,23 +2082,73 @@ def _run_frame_eagerly(tx: Any, refusal: Any) -> NoReturn:
     eagerly, now and on later calls, as Dynamo runs a frame it cannot resume (a soft
     failure with a recursive skip strategy); the reason goes where graph breaks go (the
     graph_breaks log, Dynamo's graph-break counters)."""
+    _run_code_eagerly(tx.f_code, refusal.kind.gb_type, str(refusal), refusal)
+
+
+def _run_code_eagerly(code: Any, gb_type: str, why: str, cause: BaseException) -> NoReturn:
+    """See _run_frame_eagerly."""
     from torch._dynamo.exc import Unsupported
     from torch._dynamo.types import FrameAction, FrameExecStrategy
     from torch._dynamo.utils import counters
 
-    reason = f"{refusal.kind.gb_type}: the frame runs eagerly. {refusal}"
-    counters["graph_break"][refusal.kind.gb_type] += 1
-    log.warning("%s: %s runs eagerly", refusal.kind.gb_type, tx.f_code.co_name)
+    reason = f"{gb_type}: the frame runs eagerly. {why}"
+    counters["graph_break"][gb_type] += 1
+    log.warning("%s: %s runs eagerly", gb_type, code.co_name)
     from . import _patches
 
-    _patches.CODE_MARKS.run_eagerly(tx.f_code)  # so that disable() lifts it
+    _patches.CODE_MARKS.run_eagerly(code)  # so that disable() lifts it
     error = Unsupported(reason)
     error.frame_exec_strategy = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
     # Not "compile up to the previous resumable state" (Dynamo's way with a graph break it
     # cannot resume from): that graph's outputs would meet eager code's gradients it did not
     # trace (a subclass where it guessed a plain tensor, an outside tester's find)
     error.skip_frame = True
-    raise error from refusal
+    raise error from cause
+
+
+# Note [A refusal inside a higher-order op's body]
+# Some higher-order ops allow no graph break in their body (``nested_compile_region``'s
+# ``invoke_subgraph``, ``hints_wrapper``, ``strict_mode``): Dynamo turns one there into
+# ``UncapturedHigherOrderOpError``, which it raises under ``fullgraph=False`` too. Eager runs
+# the body as plain Python (``nested_compile_region`` is only a marker), so a dynamo_ext
+# refusal there (a write in the body, ``write_in_hop``) broke the promise that nothing
+# raises that eager does not (an outside tester's find). Under ``fullgraph=False`` the
+# frame then runs eagerly, as after an AOTAutograd-layer refusal. (``cond``, ``map`` and
+# ``while_loop`` bodies are compiled in eager too, where they raise as well.)
+
+
+def make_frame_compile_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``torch._dynamo.convert_frame._compile``: See Note [A refusal inside
+    a higher-order op's body]."""
+    from torch._dynamo.exc import UncapturedHigherOrderOpError
+
+    @functools.wraps(original)
+    def _compile(code: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(code, *args, **kwargs)
+        except UncapturedHigherOrderOpError as e:
+            refusal = _dynamo_refusal_in(e)
+            box = kwargs.get("convert_frame_box")
+            one_graph = args[5] if len(args) > 5 else kwargs.get("one_graph", True)
+            if refusal is None or one_graph or box is None or box.error_on_graph_break is not False:
+                raise
+            _run_code_eagerly(code, refusal.gb_type, str(refusal), e)
+
+    return _compile
+
+
+def _dynamo_refusal_in(exc: BaseException) -> Any:
+    """The Dynamo-layer refusal (an ``Unsupported`` of a dynamo_ext kind) ``exc`` wraps."""
+    from torch._dynamo.exc import Unsupported
+
+    kinds = {kind.gb_type for kind in RefusalKind}
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, Unsupported) and getattr(exc, "gb_type", None) in kinds:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 # Note [Symbolic ints in a flatten ctx]

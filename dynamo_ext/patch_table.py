@@ -139,6 +139,15 @@ TABLE: list[Patch] = [
     ),
     Patch(
         "torch._dynamo.convert_frame",
+        "_compile",
+        dynamo_layer.make_frame_compile_hook,
+        why="A dynamo_ext refusal inside the body of a higher-order op that allows no graph break "
+        "(nested_compile_region) becomes UncapturedHigherOrderOpError, raised under "
+        "fullgraph=False too: there the frame runs eagerly instead (See Note [A refusal inside a "
+        "higher-order op's body]).",
+    ),
+    Patch(
+        "torch._dynamo.convert_frame",
         "maybe_disable_inference_mode",
         dynamo_layer.make_inference_mode_hook,
         why="Spans one frame's compile. Dynamo turns inference mode off while it compiles; "

@@ -944,6 +944,108 @@ class Float8WeightInnerHist(Float8Weight):
     HIST_INNER = True
 
 
+class OtherOperandAmaxWeight(torch.Tensor):
+    """float8 delayed scaling of the other operand: each op the weight is handed counts
+    (``n_seen``, set in __new__), and a ``mul``/``mm`` records the other operand's amax, the
+    activation's in the forward and the incoming gradient's in the backward. Results are
+    plain tensors (the weight is not differentiated)."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = _wrapper(cls, elem)
+        r.elem = elem
+        r.n_seen = 0
+        return r
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        return cls(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        w = _first(cls, args)
+        w.n_seen = w.n_seen + 1
+        if func in (aten.mul.Tensor, aten.mm.default):
+            other = args[1] if args[0] is w else args[0]
+            w.other_amax = other.abs().max()
+        rewrap = cls if func is aten.detach.default else (lambda t: t)
+        return _run(cls, func, args, kwargs, rewrap)
+
+
+class SlotScaledWeight(torch.Tensor):
+    """A quantized-style weight keeping its dequantization ``scale`` in ``__slots__`` (set by
+    the user, absent until then) and counting its uses in a slot: results are scaled."""
+
+    __slots__ = ("elem", "scale", "uses")
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = _wrapper(cls, elem)
+        r.elem = elem
+        return r
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        return cls(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        w = _first(cls, args)
+        out = _run(cls, func, args, kwargs, lambda t: t)
+        if func is aten.detach.default:
+            return cls(out)
+        if func is aten.mm.default:
+            return out * getattr(w, "scale", 1.0)
+        return out
+
+
+class SlotCountedWeight(SlotScaledWeight):
+    """Same, counting each ``mm`` in its ``uses`` slot."""
+
+    __slots__ = ()
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is aten.mm.default:
+            w = _first(cls, args)
+            w.uses = 1
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class SlotCtxWeight(torch.Tensor):
+    """Its ``scale`` in a slot, carried by the flatten ctx (DTensor keeps its spec so)."""
+
+    __slots__ = ("elem", "scale")
+
+    @staticmethod
+    def __new__(cls, elem, scale):
+        r = _wrapper(cls, elem)
+        r.elem = elem
+        r.scale = scale
+        return r
+
+    def __tensor_flatten__(self):
+        return ["elem"], (self.scale,)
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        return cls(inner["elem"], ctx[0])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        w = _first(cls, args)
+        out = _run(cls, func, args, kwargs, lambda t: t)
+        if func is aten.detach.default:
+            return cls(out, w.scale)
+        return out * w.scale if func is aten.mm.default else out
+
+
 # =========================================================================== 8. self-aliasing flatten
 
 

@@ -2004,3 +2004,74 @@ def test_a_graph_break_inside_a_loop_over_a_subclass(backend, cls):
         else:
             assert_same_outputs(e_out, c_out)
             assert_same_state(e_x, c_x, f"call {call}")
+
+
+_TRANSFORMS_WITH_A_BACKWARD = {
+    "grad_of_matmul": lambda x, w: torch.func.grad(lambda v: ((v @ w) ** 2).sum())(x),
+    "grad_of_mul": lambda x, w: torch.func.grad(lambda v: ((v * w) ** 2).sum())(x),
+    "grad_and_value": lambda x, w: torch.func.grad_and_value(lambda v: ((v @ w) ** 2).sum())(x),
+    "vjp": lambda x, w: torch.func.vjp(lambda v: (v @ w).sin(), x)[1](torch.ones(3, 4))[0],
+    "jacrev": lambda x, w: torch.func.jacrev(lambda v: (v * w).sum(0))(x),
+}
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("program", list(_TRANSFORMS_WITH_A_BACKWARD))
+@pytest.mark.parametrize("cls", [adv.OpLogTensor, adv.OtherOperandAmaxWeight])
+def test_a_backward_inside_the_graph(backend, program, cls):
+    """Note [Dispatch an op runs on tensors it is not given]: ``torch.func.grad`` (``vjp``,
+    ``jacrev``) runs a backward inside the graph, one node whose arguments are plain tensors;
+    the backward's ops reach the weight through what autograd saved. What dispatch wrote there
+    (an op log, a count, the incoming gradient's amax) was lost on backend="eager" and refused
+    on aot_eager. Compiled whole, the weight's state eager's at every call."""
+    fn = _TRANSFORMS_WITH_A_BACKWARD[program]
+    torch.manual_seed(0)
+    x, elem = torch.randn(3, 4), torch.randn(4, 4)
+    if program in ("grad_of_mul", "jacrev"):
+        x, elem = torch.randn(3, 4), torch.randn(3, 4)
+    make = lambda: [x.clone(), cls(elem.clone())]  # noqa: E731
+    out = differential(fn, make, backend=backend, fullgraph=True, calls=3)
+    assert out.frames >= 1
+    w = out.eager_inputs[1]
+    seen = len(w.ops) if cls is adv.OpLogTensor else w.n_seen
+    assert seen > 3, "the backward's ops reach the weight in eager (more than one op a call)"
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("cls", [adv.SlotScaledWeight, adv.SlotCountedWeight])
+def test_state_in_slots(backend, cls):
+    """Note [State in __slots__]: a ``scale`` the user sets in a slot between calls was read
+    unguarded on the traced instance (absent there): the compiled outputs stayed unscaled
+    (aot_eager, stock too); a count written into a slot was refused as a deletion. Read or
+    written by dispatch, a slot is refused by name (eager under fullgraph=False)."""
+
+    def fn(x, w):
+        return x @ w
+
+    make = lambda: [torch.ones(3, 4), cls(torch.ones(4, 4))]  # noqa: E731
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: unsupported_state_read") as info:
+        torch.compile(fn, backend=backend, fullgraph=True)(*make())
+    assert "__slots__ member" in str(info.value)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend)
+    (xe, we), (xc, wc) = make(), make()
+    for scale in (None, 2.0, 3.0):
+        if scale is not None:
+            we.scale = wc.scale = scale
+        torch.testing.assert_close(compiled(xc, wc), fn(xe, we))
+        assert getattr(wc, "uses", None) == getattr(we, "uses", None)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_state_in_slots_carried_by_the_ctx(backend):
+    """Note [State in __slots__]: a slot ``__tensor_flatten__`` puts in the ctx is read as
+    the ctx (Dynamo guards it): compiled whole, a new scale recompiles."""
+    make = lambda scale: [torch.ones(3, 4), adv.SlotCtxWeight(torch.ones(4, 4), scale)]  # noqa: E731
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
+    compiled = torch.compile(lambda x, w: x @ w, backend=counter, fullgraph=True)
+    for scale in (2.0, 2.0, 3.0):
+        x, w = make(scale)
+        torch.testing.assert_close(compiled(x, w), x @ w)
+    assert counter.frame_count == 2
