@@ -2117,6 +2117,16 @@ def _run_code_eagerly(code: Any, gb_type: str, why: str, cause: BaseException) -
 # ``while_loop`` bodies are compiled in eager too, where they raise as well.)
 
 
+# Note [A recompile torch 2.13 fails on a subclass gradient]
+# On torch 2.13 a recompile of a frame whose input holds a subclass ``.grad`` (a plain leaf
+# whose gradient a wrapping dispatch made a subclass, accumulated over calls) fails in torch's
+# fakification (``Expected SubclassSymbolicContext or None``), stock too; stock rarely
+# recompiles such a frame, but a count dispatch bumps is a guarded input here, and the second
+# compile raised under ``fullgraph=False`` (an outside tester's find). The frame runs eagerly
+# instead, as after a refusal.
+_SUBCLASS_GRAD_RECOMPILE = "Expected SubclassSymbolicContext"
+
+
 def make_frame_compile_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replacement for ``torch._dynamo.convert_frame._compile``: See Note [A refusal inside
     a higher-order op's body]."""
@@ -2126,11 +2136,18 @@ def make_frame_compile_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def _compile(code: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return original(code, *args, **kwargs)
-        except UncapturedHigherOrderOpError as e:
-            refusal = _dynamo_refusal_in(e)
+        except (UncapturedHigherOrderOpError, AssertionError) as e:
             box = kwargs.get("convert_frame_box")
             one_graph = args[5] if len(args) > 5 else kwargs.get("one_graph", True)
-            if refusal is None or one_graph or box is None or box.error_on_graph_break is not False:
+            if one_graph or box is None or box.error_on_graph_break is not False:
+                raise
+            if isinstance(e, AssertionError):
+                if _SUBCLASS_GRAD_RECOMPILE not in str(e):
+                    raise
+                # See Note [A recompile torch 2.13 fails on a subclass gradient]
+                _run_code_eagerly(code, "dynamo_ext: torch_recompile_failure", str(e), e)
+            refusal = _dynamo_refusal_in(e)
+            if refusal is None:
                 raise
             _run_code_eagerly(code, refusal.gb_type, str(refusal), e)
 

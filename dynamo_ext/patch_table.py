@@ -144,7 +144,8 @@ TABLE: list[Patch] = [
         why="A dynamo_ext refusal inside the body of a higher-order op that allows no graph break "
         "(nested_compile_region) becomes UncapturedHigherOrderOpError, raised under "
         "fullgraph=False too: there the frame runs eagerly instead (See Note [A refusal inside a "
-        "higher-order op's body]).",
+        "higher-order op's body]); so too where torch 2.13 fails to recompile a frame whose input "
+        "holds a subclass gradient (See Note [A recompile torch 2.13 fails on a subclass gradient]).",
     ),
     Patch(
         "torch._dynamo.convert_frame",

@@ -2075,3 +2075,40 @@ def test_state_in_slots_carried_by_the_ctx(backend):
         x, w = make(scale)
         torch.testing.assert_close(compiled(x, w), x @ w)
     assert counter.frame_count == 2
+
+
+class _WrapsEveryResult(WrapperTensor):
+    """A logging-style wrapper whose results are all wrapped: a plain leaf's gradient
+    through it is one too. Counts the ``mm`` calls it is the weight of."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_map_only
+
+        if func is torch.ops.aten.mm.default and isinstance(args[1], cls):
+            args[1].calls = getattr(args[1], "calls", 0) + 1
+        unwrapped = tree_map_only(cls, lambda t: t.elem, (args, kwargs or {}))
+        return tree_map_only(torch.Tensor, cls, func(*unwrapped[0], **unwrapped[1]))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_recompile_with_a_subclass_gradient_on_a_plain_input(backend):
+    """Note [A recompile torch 2.13 fails on a subclass gradient]: the count makes the frame
+    compile again while ``x.grad`` is a subclass; torch 2.13 fails that compile (stock too,
+    where it recompiles), and it raised under fullgraph=False. Eager's state either way."""
+
+    def fn(x, w):
+        return (x @ w).sum()
+
+    torch.manual_seed(0)
+    elem, data = torch.randn(4, 4), torch.randn(2, 4)
+    we, wc = _WrapsEveryResult(elem.clone()), _WrapsEveryResult(elem.clone())
+    xe, xc = data.clone().requires_grad_(), data.clone().requires_grad_()
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend)
+    for call in range(3):
+        fn(xe, we).backward()
+        compiled(xc, wc).backward()
+        assert type(xc.grad) is type(xe.grad) is _WrapsEveryResult
+        torch.testing.assert_close(plain(xc.grad), plain(xe.grad))
+        assert_same_state(we, wc, f"call {call}")
