@@ -300,6 +300,7 @@ class Tracked:
     __slots__ = (
         "obj", "real", "data", "flatten_names", "entry", "entry_containers", "expected",
         "containers", "settled", "absent", "written", "assigned", "dict_complete", "_inner_ids", "plain_inner", "born", "on_read",
+        "slot_names",
     )
 
     def __init__(self, obj: Any, real: Any, data: Any = None) -> None:
@@ -307,6 +308,8 @@ class Tracked:
         self.real = real
         self.data = data
         self.flatten_names: frozenset[str] = frozenset(_flatten_names(real if real is not None else obj))
+        # See Note [State in __slots__]
+        self.slot_names = _user_slot_names(type(obj)) - self.flatten_names
         self.entry = dict(user_state(obj_dict(obj)))
         self.entry_containers = {
             k: copy.deepcopy(v) for k, v in self.entry.items() if isinstance(v, PLAIN_MUTABLE) and not contains_tensor(v)
@@ -491,14 +494,17 @@ class SlotState(FlattenMismatch):
         )
 
 
-@functools.lru_cache(maxsize=4096)
-def _user_slot(cls: type, name: str) -> bool:
-    """``name`` is a ``__slots__`` member a user class declares (not torch's own; a class's
-    slots are fixed when it is made)."""
-    value = class_attribute(cls, name)
-    return isinstance(value, types.MemberDescriptorType) and not (
-        getattr(value.__objclass__, "__module__", "") or ""
-    ).startswith("torch")
+def _user_slot_names(cls: type) -> frozenset[str]:
+    """The ``__slots__`` members user classes on ``cls``'s MRO declare (not torch's own)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if (getattr(klass, "__module__", "") or "").startswith("torch"):
+            continue
+        slots = vars(klass).get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and isinstance(vars(klass).get(name), types.MemberDescriptorType):
+                names.add(name)
+    return frozenset(names)
 
 
 def _carried_by_ctx(t: Tracked, name: str, get: Callable[[Any, str], Any]) -> bool:
@@ -668,8 +674,8 @@ class Scope:
 
     def read(self, t: Tracked, name: str, get: Callable[[Any, str], Any]) -> Any:
         if (
-            t.real is not None and not t.plain_inner and name not in t.flatten_names
-            and _user_slot(type(t.obj), name) and _called_from_user(3) and not _in_flatten()
+            name in t.slot_names and t.real is not None and not t.plain_inner
+            and _called_from_user(3) and not _in_flatten()
             and not _carried_by_ctx(t, name, get)
         ):
             raise SlotState(t, name, "read")  # See Note [State in __slots__]
@@ -756,7 +762,7 @@ class Scope:
         t.dict_complete = True
 
     def write(self, t: Tracked, name: str, value: Any) -> None:
-        if not t.plain_inner and name not in t.flatten_names and _user_slot(type(t.obj), name):
+        if name in t.slot_names and not t.plain_inner:
             raise SlotState(t, name, "wrote")
         self.catch_up()  # what went through an instance dict before this write, first
         old = obj_dict(t.obj).get(name, MISSING)
