@@ -1591,8 +1591,10 @@ def _index_as_eager(node: torch.fx.Node) -> None:
 # saved. Run outside the capture block, what dispatch wrote there went onto the fake (taken,
 # at the next op, for torch's doing) and what it read was the fake's: the compiled call left
 # only the forward's writes on backend="eager" (an outside tester's find) and was refused on
-# aot_eager. Once the frame tracks a subclass, every node's propagation runs in the block,
-# so writes on whatever tracked object it reaches are recorded and its reads answered.
+# aot_eager. Once the frame tracks a subclass, the propagation of every node but torch's
+# ops on their own arguments (aten ops, torch functions and tensor methods, operators; not a
+# backward, a higher-order op or a user function) runs in the block, so writes on whatever
+# tracked object it reaches are recorded and its reads answered.
 
 
 def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -1605,9 +1607,8 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         args = _subclass_arg_nodes(node)
         if not args:
             state = tx.output.__dict__.get(_STATE_KEY)
-            if state is None or not state.scope.tracked:
+            if state is None or not state.scope.tracked or _runs_only_on_its_arguments(node):
                 return original(node, tx, allow_non_graph_fake)
-            # See Note [Dispatch an op runs on tensors it is not given]
             return _propagate(state, node, tx, original, allow_non_graph_fake, [])
         if node.target is operator.getitem or node.target is operator.setitem:
             _index_as_eager(node)
@@ -1624,6 +1625,32 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         return _propagate(state, node, tx, original, allow_non_graph_fake, tracked)
 
     return _get_fake_value_impl
+
+
+#: Modules of torch whose functions may run the autograd engine (a backward reaching what
+#: autograd saved) or other code on tensors a node is not given (higher-order ops' bodies).
+_REACHING_MODULES = ("torch.autograd", "torch._functorch", "torch.ops.higher_order", "torch._higher_order_ops", "torch.utils.checkpoint")
+
+
+def _runs_only_on_its_arguments(node: torch.fx.Node) -> bool:
+    """An op of torch's own that runs nothing but itself on its arguments (aten ops, torch's
+    functions and tensor methods, operators; not a backward or a higher-order op): its fake
+    propagation cannot run dispatch on a tensor it is not given."""
+    target = node.target
+    if node.op == "call_method":
+        return target != "backward"
+    if node.op != "call_function" or target is torch.Tensor.backward:
+        return False
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return True
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return False
+    if getattr(target, "__objclass__", None) is torch._C.TensorBase:
+        return True
+    module = getattr(target, "__module__", None) or ""
+    if module in ("_operator", "builtins", "math"):
+        return True
+    return (module == "torch" or module.startswith("torch.")) and not module.startswith(_REACHING_MODULES)
 
 
 _MAX_ITEMS_GUARDED = 64  # items of a container guarded one by one
