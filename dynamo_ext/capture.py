@@ -127,6 +127,14 @@ def register_ctx_state(cls: type | None = None, *, replay: Callable[[Any, dict, 
     """
 
     def register(klass: type) -> type:
+        if not getattr(klass, "__dictoffset__", 0):
+            # See Note [State in __slots__]: state is answered, guarded and replayed in the
+            # instance dict (an instance without one failed inside Dynamo's compile)
+            raise TypeError(
+                f"register_ctx_state: instances of {klass.__qualname__} have no __dict__ (their state is in "
+                "__slots__); dynamo_ext carries a registered object's state in its instance dict: drop "
+                "__slots__ or add '__dict__' to it and keep the state dispatch mutates there"
+            )
         _REGISTERED.add(klass)
         if replay is not None:
             _REPLAYERS[klass] = replay

@@ -2112,3 +2112,15 @@ def test_a_recompile_with_a_subclass_gradient_on_a_plain_input(backend):
         assert type(xc.grad) is type(xe.grad) is _WrapsEveryResult
         torch.testing.assert_close(plain(xc.grad), plain(xe.grad))
         assert_same_state(we, wc, f"call {call}")
+
+
+def test_a_registered_state_class_without_an_instance_dict():
+    """Note [State in __slots__]: a registered ctx-state class whose instances keep their state
+    in ``__slots__`` (no ``__dict__``) failed inside Dynamo's compile (``AttributeError``, also
+    under fullgraph=False); it is refused when registered, naming the class."""
+
+    class SlottedStats:
+        __slots__ = ("step", "amax")
+
+    with pytest.raises(TypeError, match="register_ctx_state: instances of .*SlottedStats have no __dict__"):
+        dynamo_ext.register_ctx_state(SlottedStats)
