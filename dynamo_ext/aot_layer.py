@@ -652,12 +652,14 @@ class Planner:
         counter, a counter turned into a float or text) holds for those values only. The
         forward is guarded on each decision (a counter the backward compares recompiles when
         the comparison would go the other way), so a compiled backward never runs where it
-        would decide otherwise. Such an int may also go where no hook sees it: into text the
-        backward writes (``"step %d" % n`` formats an int subclass without calling it), into a
-        container it writes (``("step", n)``), or into a tensor op as a scalar (``grad * n``:
-        torch reads the int as such; the traced graph then holds a constant equal to a counted
-        value). Then every int the backward read is guarded on its value. An int the forward
-        writes is read by the backward after that write, while the trace read it before:
+        would decide otherwise. Handed to a tensor op (``grad * n``) in dispatch, it is pinned
+        the same way (See Note [A count reaching a tensor op] in counters.py). Such an int may
+        also go where no hook sees it: into text the backward writes (``"step %d" % n``
+        formats an int subclass without calling it), into a container it writes (``("step",
+        n)``), or into a tensor op outside dispatch (an ``autograd.Function``'s backward:
+        torch reads it as a plain int, and the graph then holds a scalar equal to it). Then
+        every int the backward read is guarded on its value. An int the forward writes is read
+        by the backward after that write, while the trace read it before:
         refused. What user code changes between the forward and the backward is still checked
         when the backward runs (``plan.Replay``)."""
         keys: list[tuple] = []
@@ -665,7 +667,7 @@ class Planner:
             counters.holds_counted(w.value) or counters.holds_text(w.value)
             for w in self.backward
             if w.value_from is ValueFrom.CONSTANT
-        ) or bool(self.tape.values & counters.graph_scalars(self.joint_graph))
+        ) or (self.tape.unseen and bool(self.tape.values & counters.graph_scalars(self.joint_graph)))
         if exact:
             keys = list(self.backward_reads)
             for key in keys:  # baked into what the backward writes or computes

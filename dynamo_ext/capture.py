@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
-from . import _patches, free_state
+from . import _patches, counters, free_state
 from .values import (
     MISSING,
     PLAIN_MUTABLE,
@@ -941,7 +941,10 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
             t = scope.track(obj, obj)  # a registered state object the trace reached through a ctx
         if scope.on_access is not None:  # type: ignore[union-attr]
             scope.on_access(sys._getframe(1), type(obj))  # type: ignore[union-attr]
-        return scope.read(t, name, get_)  # type: ignore[union-attr]
+        value = scope.read(t, name, get_)  # type: ignore[union-attr]
+        if scope.label == "backward":  # type: ignore[union-attr]
+            counters.note_read(value, name == "__dict__")
+        return value
 
     def __setattr__(obj: Any, name: str, value: Any) -> None:
         scope, t = _tracked_here(obj)
@@ -1012,8 +1015,11 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
                 if split is not None:
                     scope.decomposed.append((klass, split))
             watching = scope is not None and _watch_caught(scope, klass)
+            # See Note [A count reaching a tensor op] in counters.py
+            pins = counters.PinsCountedArguments() if scope is not None and scope.label == "backward" else _NO_PINS
             try:
-                return dispatch.__get__(None, klass)(func, types, args, kwargs)
+                with pins:
+                    return dispatch.__get__(None, klass)(func, types, args, kwargs)
             except Exception as exc:
                 if scope is not None:
                     scope.raised.append(exc)
@@ -1051,6 +1057,8 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
 # out of range) and what user code raises itself (a ``raise`` statement, on conditions the
 # compiled code is guarded on) raise alike in eager and are left out; anything else caught in dispatch refuses the op (``dispatch_raised``; eager
 # under ``fullgraph=False``), since the traced branch may not be eager's.
+
+_NO_PINS = contextlib.nullcontext()
 
 _LOOKUP_ERRORS = (AttributeError, KeyError, IndexError, StopIteration, StopAsyncIteration, GeneratorExit)
 _RAISE = dis.opmap["RAISE_VARARGS"]

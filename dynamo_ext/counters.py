@@ -20,6 +20,8 @@ import dataclasses
 import operator
 from typing import Any, Callable
 
+from torch.overrides import TorchFunctionMode
+
 #: An expression: ("read", key) | ("const", value) | (op name, expr, expr)
 Expr = tuple
 
@@ -62,6 +64,8 @@ class Tape:
     def __init__(self) -> None:
         self.decisions: list[Decision] = []
         self.values: set[int] = set()  # every counted value the backward held
+        # a counted value was read where no PinsCountedArguments sees the ops it may reach
+        self.unseen = False
 
 
 def _expr(value: Any) -> Expr:
@@ -222,10 +226,73 @@ def holds_text(value: Any, depth: int = 0) -> bool:
     return False
 
 
+def pin_in(value: Any, seen: set[int] | None = None) -> None:
+    """Pin every counted int in an op's arguments (in tuples, lists, ``torch.Size``, dicts,
+    slices): torch reads each as a plain int, and the traced graph holds its value."""
+    if isinstance(value, CountedInt):
+        value._pin()
+        return
+    if not isinstance(value, (tuple, list, dict, slice)):
+        return
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, dict):
+        items: Any = value.values()
+    elif isinstance(value, slice):
+        items = (value.start, value.stop, value.step)
+    else:
+        items = value
+    for v in items:
+        pin_in(v, seen)
+
+
+class PinsCountedArguments(TorchFunctionMode):
+    """Note [A count reaching a tensor op]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A counted int handed to a tensor op (``grad * n``, ``x.new_full(size, n)``, a view's
+    sizes, ``torch.tensor(n)``) is read by torch's argument parser as a plain int, with no
+    hook of the int's own, and the traced graph holds its value: the backward depends on it,
+    so it is pinned (a decision the forward is guarded on). Active while a writing class's
+    dispatch runs in the traced backward, where torch's function modes reach every op call
+    (Tensor methods, ``torch.*`` functions, OpOverloads). Before, a count equal to any int
+    scalar of the traced graph (a dim ``0``, a ``1``) was taken as baked: every read was
+    then checked by value when the backward ran, and a second backward of one step (a
+    retained graph, two forwards summed) was refused with the first one's count written."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        pin_in(args)
+        pin_in(kwargs)
+        return func(*args, **kwargs)
+
+
+def note_read(value: Any, whole_dict: bool = False) -> None:
+    """A read in the traced backward: a counted value read where no ``PinsCountedArguments``
+    is active (code outside a writing class's dispatch: an ``autograd.Function``'s backward,
+    another subclass's dispatch or ``__torch_function__``) may reach a tensor op unseen; its
+    tape falls back to comparing values with the graph's scalars (``graph_scalars``)."""
+    if whole_dict and isinstance(value, dict):
+        found = [v for v in value.values() if isinstance(v, CountedInt)]
+    else:
+        found = [value] if isinstance(value, CountedInt) else []
+    if found and not pins_active():
+        for v in found:
+            v.tape.unseen = True
+
+
+def pins_active() -> bool:
+    import torch.overrides as overrides
+
+    if isinstance(overrides._get_current_function_mode(), PinsCountedArguments):
+        return True
+    return any(isinstance(m, PinsCountedArguments) for m in overrides._get_current_function_mode_stack())
+
 
 def graph_scalars(graph: Any) -> set[Any]:
     """The int scalars the ops of a traced graph take: a counted value torch read as a plain
-    int (``grad * n``) is baked there."""
+    int (``grad * n``) where no ``PinsCountedArguments`` saw it is baked there."""
     found: set[Any] = set()
 
     def visit(a: Any) -> None:

@@ -222,6 +222,18 @@ def check_entry(plan: WritePlan, inputs: Sequence[Any], reads: Sequence[EntryRea
                 type(now).__name__,
                 context=f"traced with {r.name}={r.value!r}, called with {r.name}={now!r}",
             )
+    if reads is None:
+        failed = _failed_backward_guard(plan, inputs)
+        if failed is not None:
+            g, name, obj = failed
+            now = getattr(obj, name, MISSING)
+            raise SubclassWriteError(
+                RefusalKind.STALE_PLAN,
+                type(obj).__name__,
+                name,
+                type(now).__name__,
+                context=f"the backward was traced where {name} gave {g[2:]!r}; called with {name}={now!r}",
+            )
 
 
 def state_mismatch(plan: WritePlan, inputs: Sequence[Any]) -> str | None:
@@ -234,19 +246,28 @@ def state_mismatch(plan: WritePlan, inputs: Sequence[Any]) -> str | None:
             return f"input {r.input_index}{r.path}: {e}"
         if not _holds(r, now):
             return f"traced with {r.kind.value} {r.name}={r.value!r}, now {now!r}"
-    for g in plan.backward_guards:  # what the traced backward decided from the ints it read
+    try:
+        failed = _failed_backward_guard(plan, inputs)
+    except (IndexError, AttributeError) as e:
+        return f"input: {e}"
+    if failed is not None:
+        return f"the backward was traced where {failed[1]} gave {failed[0][2:]!r}"
+    return None
+
+
+def _failed_backward_guard(plan: WritePlan, inputs: Sequence[Any]) -> tuple[tuple, str, Any] | None:
+    """The first of what the traced backward decided from the ints it read that the inputs
+    no longer give: (guard, name, object), or None."""
+    for g in plan.backward_guards:
         (index, path, name) = g[1]
-        try:
-            obj = capture.follow(inputs[index], path)
-            holds = (
-                counters.evaluate(g[2], lambda key: getattr(obj, name)) == g[3]
-                if g[0] == "decision"
-                else same_value(getattr(obj, name), g[2])
-            )
-        except (IndexError, AttributeError) as e:
-            return f"input {index}{path}: {e}"
+        obj = capture.follow(inputs[index], path)
+        holds = (
+            counters.evaluate(g[2], lambda key: getattr(obj, name)) == g[3]
+            if g[0] == "decision"
+            else same_value(getattr(obj, name), g[2])
+        )
         if not holds:
-            return f"the backward was traced where {name} gave {g[2:]!r}"
+            return g, name, obj
     return None
 
 

@@ -758,3 +758,173 @@ def test_values_derived_from_a_backward_count():
             return
         assert (wc.bwd, wc.derived) == (we.bwd, we.derived)
         assert all(type(v) in (int, float) for v in (wc.derived[1], wc.derived[2], wc.derived[3], wc.derived[4]))
+
+
+class CountsBackwardCalls(Weight):
+    """Counts its backward ops (``bw = 0`` from ``__new__``), and uses the count nowhere else:
+    the count's replay is relative to what each backward finds."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = Weight.__new__(cls, elem)
+        r.bw = 0
+        return r
+
+    @staticmethod
+    def backward_op(w, out):
+        w.bw = w.bw + 1
+        return out
+
+
+class ScalesByBackwardCount(CountsBackwardCalls):
+    """The count also scales the gradient: the traced backward bakes its value."""
+
+    @staticmethod
+    def backward_op(w, out):
+        w.bw = w.bw + 1
+        return out * w.bw
+
+
+class ShapesByBackwardCount(CountsBackwardCalls):
+    """The count reaches a tensor op inside a ``torch.Size`` (a shape the op reads as ints)."""
+
+    @staticmethod
+    def backward_op(w, out):
+        w.bw = w.bw + 1
+        return out * out.new_full(torch.Size([1] * out.dim()), w.bw).expand(out.shape)
+
+
+def _sums_rows_first(x, w):
+    """Its graph holds the scalars 0 and 1 (dims), equal to the first counts."""
+    return (x * w).sin().sum(0).unsqueeze(1).sum()
+
+
+def _one_backward_of_two_forwards(cls, fullgraph, order):
+    """Eager and compiled side by side: two forwards of one weight and one ``backward()`` of
+    both (``order="combined"``), or one forward's graph run backward twice (``"retained"``),
+    three rounds. Returns the weights' ``bw`` after each round, gradients compared."""
+    torch._dynamo.reset()
+    compiled = torch.compile(_sums_rows_first, backend="aot_eager", fullgraph=fullgraph)
+    got = []
+    for f in (_sums_rows_first, compiled):
+        w = cls(torch.linspace(0.5, 2.0, 4))
+        counts, grads = [], []
+        for r in range(3):
+            x = torch.arange(8.0).reshape(2, 4).div(7).requires_grad_()
+            if order == "combined":
+                (f(x, w) + f(2 * x, w)).backward()
+            else:
+                y = f(x, w)
+                y.backward(retain_graph=True)
+                y.backward()
+            counts.append(w.bw)
+            grads.append(x.grad)
+        got.append((counts, grads))
+    (ce, ge), (cc, gc) = got
+    assert cc == ce, f"eager {ce}, compiled {cc}"
+    for r, (a, b) in enumerate(zip(ge, gc)):
+        torch.testing.assert_close(b, a, msg=lambda m: f"round {r}: {m}")
+    return ce
+
+
+@pytest.mark.parametrize("order", ["combined", "retained"])
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_backward_count_over_two_backwards_of_one_step(order, fullgraph):
+    """Each compiled backward replays the count relative to what it finds, as eager counts on:
+    two forwards with one ``backward()``, or a retained graph's second backward. A count equal
+    to some scalar of the traced graph (0, 1) made every read be checked by value, and the
+    second backward was refused with the first one's count already written."""
+    assert _one_backward_of_two_forwards(CountsBackwardCalls, fullgraph, order)[-1] > 0
+
+
+@pytest.mark.parametrize("cls", [ScalesByBackwardCount, ShapesByBackwardCount])
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_backward_count_in_a_tensor_op_over_one_backward_per_forward(cls, fullgraph):
+    """The count reaches a tensor op as a scalar (``out * n``, ``new_full((), n)``): the graph
+    holds its value, so the forward is guarded on it (a compile per count) and each backward
+    matches eager."""
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(fn, backend=counter, fullgraph=fullgraph)
+    we, wc = cls(torch.linspace(0.5, 2.0, 4)), cls(torch.linspace(0.5, 2.0, 4))
+    for r in range(3):
+        xe, xc = (torch.arange(8.0).reshape(2, 4).div(7).requires_grad_() for _ in range(2))
+        fn(xe, we).backward()
+        compiled(xc, wc).backward()
+        assert wc.bw == we.bw
+        torch.testing.assert_close(xc.grad, xe.grad, msg=lambda m: f"round {r}: {m}")
+    assert counter.frame_count == 3
+
+
+@pytest.mark.parametrize("cls", [ScalesByBackwardCount, ShapesByBackwardCount])
+def test_a_backward_count_in_a_tensor_op_over_two_backwards_of_one_step(cls):
+    """Baked into the graph, the count the second backward would need is not the traced one:
+    refused when that backward runs, before it accumulates (README, Limits)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=False)
+    w = cls(torch.linspace(0.5, 2.0, 4))
+    x = torch.ones(2, 4, requires_grad=True)
+    loss = compiled(x, w) + compiled(2 * x, w)
+    with pytest.raises(SubclassWriteError) as info:
+        loss.backward()
+    assert info.value.kind is RefusalKind.CHANGED_BEFORE_BACKWARD
+
+
+class _ScalesByCountOutsideDispatch(torch.autograd.Function):
+    """An ``autograd.Function`` whose backward bumps the weight's count and scales the
+    gradient by it: the count reaches a tensor op outside any dispatch."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(w)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (w,) = ctx.saved_tensors
+        w.bw = w.bw + 1
+        return g * w.bw * 2, None
+
+
+def _count_outside_dispatch(x, w):
+    return _ScalesByCountOutsideDispatch.apply(x, w).sum(0).sum()
+
+
+def test_a_backward_count_in_a_tensor_op_outside_dispatch_with_aot_function():
+    """AOTAutograd used directly has no guards: the second call, whose backward would need
+    another count than the traced one, is refused (``stale_plan``) before anything is written,
+    where the gradient kept the traced count silently."""
+    from functorch.compile import aot_function, nop
+
+    compiled = aot_function(_count_outside_dispatch, fw_compiler=nop, bw_compiler=nop)
+    we, wc = CountsBackwardCalls(torch.ones(4)), CountsBackwardCalls(torch.ones(4))
+    xe, xc = torch.ones(2, 4, requires_grad=True), torch.ones(2, 4, requires_grad=True)
+    _count_outside_dispatch(xe, we).backward()
+    compiled(xc, wc).backward()
+    assert wc.bw == we.bw == 1
+    torch.testing.assert_close(xc.grad, xe.grad)
+    xc.grad = None
+    with pytest.raises(SubclassWriteError) as info:
+        compiled(xc, wc)
+    assert info.value.kind is RefusalKind.STALE_PLAN and "bw" in str(info.value)
+    assert wc.bw == 1 and xc.grad is None
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_backward_count_in_a_tensor_op_outside_dispatch_compiled(fullgraph):
+    """Through torch.compile: eager's numbers and counts, or a refusal at compile time with
+    nothing touched (``fullgraph=True``)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(_count_outside_dispatch, backend="aot_eager", fullgraph=fullgraph)
+    we, wc = CountsBackwardCalls(torch.ones(4)), CountsBackwardCalls(torch.ones(4))
+    for r in range(3):
+        xe, xc = torch.ones(2, 4, requires_grad=True), torch.ones(2, 4, requires_grad=True)
+        _count_outside_dispatch(xe, we).backward()
+        try:
+            loss = compiled(xc, wc)
+        except torch._dynamo.exc.Unsupported:
+            assert fullgraph and wc.bw == we.bw - 1 and xc.grad is None
+            return
+        loss.backward()
+        assert wc.bw == we.bw
+        torch.testing.assert_close(xc.grad, xe.grad, msg=lambda m: f"round {r}: {m}")
