@@ -37,6 +37,7 @@ import math
 import operator
 import os
 import sys
+import threading
 import types
 from typing import Any, Callable, Iterator, NoReturn
 
@@ -1279,12 +1280,63 @@ def _refuse_read(t: Tracked, name: str, value: Any, context: str = "") -> NoRetu
 _DISPATCHING_PROPERTIES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag"})
 
 
+# Note [Backward code Dynamo traces with the forward]
+# Dynamo traces an ``autograd.Function``'s ``backward`` and a hook registered on an
+# intermediate (``h.register_hook(fn)``) when it traces the forward: an attribute they read
+# is read then, and its value is in the graph. Eager reads it when ``backward()`` runs,
+# after what the forward's later ops and the backward's earlier ops wrote (dispatch bumping
+# ``w.bw_calls`` in the backward, a Function's backward scaling by it: an outside tester's
+# find, wrong gradients on every backend; stock has the same staleness for any Python
+# state, and loses the writes too). A read there of the state of a class whose dispatch
+# may write (outside its flatten list and class attributes) is refused
+# (``unsupported_state_read``); under ``fullgraph=False`` the Function or hook runs eagerly.
+
+_speculating = threading.local()
+
+
+def make_backward_code_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``AutogradFunctionApplyVariable.trace_backward_graph`` and
+    ``TensorVariable._method_register_hook``: marks the thread as tracing backward code
+    with the forward (See Note [Backward code Dynamo traces with the forward])."""
+
+    @functools.wraps(original)
+    def traced_with_the_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        depth = getattr(_speculating, "depth", 0)
+        _speculating.depth = depth + 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _speculating.depth = depth
+
+    return traced_with_the_forward
+
+
+def _refuse_backward_code_read(vt: Any, name: str) -> None:
+    """See Note [Backward code Dynamo traces with the forward]."""
+    if not getattr(_speculating, "depth", 0) or name[:2] == "__" or not _may_write(vt):
+        return
+    example = vt.proxy.node.meta.get("example_value")
+    cls = type(example)
+    if name in capture._flatten_names(example) or capture.class_attribute(cls, name) is not MISSING:
+        return
+    value = capture.obj_dict(example).get(name, MISSING)
+    _graph_break_class(
+        RefusalKind.UNSUPPORTED_STATE_READ, cls, name, type(value).__name__ if value is not MISSING else "absent",
+        f"{cls.__name__}.{name} is read by an autograd.Function's backward or a hook on an intermediate, "
+        "which Dynamo traces with the forward: eager reads it when backward() runs, after what the "
+        "forward's later ops and the backward's earlier ops wrote",
+        hint="Read the value in the forward and keep it on the autograd ctx (ctx.n = w.n), or compute "
+        "the scaling in the subclass's dispatch.",
+    )
+
+
 def make_var_getattr_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replacement for ``TensorVariable.var_getattr`` (``tp_getattro_impl`` from torch 2.14;
     See Note [A tensor property on a subclass])."""
 
     @functools.wraps(original)
     def var_getattr(self: Any, tx: Any, name: str) -> Any:
+        _refuse_backward_code_read(self, name)
         result = original(self, tx, name)
         if name in _DISPATCHING_PROPERTIES and self.source is not None and _may_write(self):
             from torch._dynamo.variables import TensorVariable

@@ -88,6 +88,22 @@ TABLE: list[Patch] = [
         versions=((2, 14), (2, 15)),
     ),
     Patch(
+        "torch._dynamo.variables.higher_order_ops:AutogradFunctionApplyVariable",
+        "trace_backward_graph",
+        dynamo_layer.make_backward_code_hook,
+        why="Dynamo traces an autograd.Function's backward with the forward: a read there of "
+        "state dispatch may write is refused, eager reads it when backward() runs (See Note "
+        "[Backward code Dynamo traces with the forward]).",
+    ),
+    Patch(
+        "torch._dynamo.variables.tensor:TensorVariable",
+        "_method_register_hook",
+        dynamo_layer.make_backward_code_hook,
+        why="Dynamo traces a hook on an intermediate with the forward: a read there of state "
+        "dispatch may write is refused, eager reads it when backward() runs (See Note "
+        "[Backward code Dynamo traces with the forward]).",
+    ),
+    Patch(
         "torch._dynamo.variables.torch:TorchInGraphFunctionVariable",
         "_get_handlers",
         dynamo_layer.make_handlers_hook,

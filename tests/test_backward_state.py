@@ -928,3 +928,80 @@ def test_a_backward_count_in_a_tensor_op_outside_dispatch_compiled(fullgraph):
         loss.backward()
         assert wc.bw == we.bw
         torch.testing.assert_close(xc.grad, xe.grad, msg=lambda m: f"round {r}: {m}")
+
+
+class CountsEveryBackwardOp(Weight):
+    """``bw`` counts the backward's ops on the weight, ``fw`` the forward's muls."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = Weight.__new__(cls, elem)
+        r.bw = r.fw = 0
+        return r
+
+    @staticmethod
+    def forward_op(w):
+        w.fw = w.fw + 1
+
+    @staticmethod
+    def backward_op(w, out):
+        w.bw = w.bw + 1
+        return out
+
+
+class _ScalesByBackwardCount(torch.autograd.Function):
+    """A Function whose backward scales by the backward count of the weight it kept on ctx."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.w = w
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * (ctx.w.bw + 1), None
+
+
+class _ScalesByForwardCount(_ScalesByBackwardCount):
+    @staticmethod
+    def backward(ctx, g):
+        return g * (ctx.w.fw + 1), None
+
+
+def _function_reads_bw(x, w):
+    return (_ScalesByBackwardCount.apply(x, w) * w).sum()  # eager: MulBackward's dispatch ran first
+
+
+def _function_reads_fw(x, w):
+    return (_ScalesByForwardCount.apply(x, w) * w).sum()  # eager: the forward's mul counted before
+
+
+def _hook_reads_bw(x, w):
+    h = x * 1
+    h.register_hook(lambda g: g * (w.bw + 1))  # runs after the backward of h * w
+    return (h * w).sum()
+
+
+@pytest.mark.parametrize("fn", [_function_reads_bw, _function_reads_fw, _hook_reads_bw], ids=["function_bw", "function_fw", "hook_bw"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_backward_code_dynamo_traces_with_the_forward_reads_a_count(fn, backend, fullgraph):
+    """Note [Backward code Dynamo traces with the forward]: an autograd.Function's backward and
+    a hook on an intermediate read the count when backward() runs in eager; Dynamo traced them
+    with the forward, where the count was another (wrong gradients on every backend). Refused:
+    a graph break under fullgraph=False (eager's numbers), an error with nothing touched under
+    fullgraph=True."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend, fullgraph=fullgraph)
+    for r in range(2):
+        xe, xc = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+        we, wc = CountsEveryBackwardOp(torch.tensor([1.0, 2.0, 3.0])), CountsEveryBackwardOp(torch.tensor([1.0, 2.0, 3.0]))
+        fn(xe, we).backward()
+        if fullgraph:
+            with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: unsupported_state_read"):
+                compiled(xc, wc)
+            assert (wc.fw, wc.bw, xc.grad) == (0, 0, None)
+            continue
+        compiled(xc, wc).backward()
+        assert (wc.fw, wc.bw) == (we.fw, we.bw)
+        torch.testing.assert_close(xc.grad, xe.grad, msg=lambda m: f"round {r}: {m}")

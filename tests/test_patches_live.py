@@ -98,7 +98,30 @@ def _what_dynamo_rewrites():
     torch.compile(fn, backend="eager", fullgraph=True)(S.CounterTensor(torch.ones(2, 2)))
 
 
-SCENARIOS = [_writes_and_guards, _float_zero, _cache_save_and_load, _aot_function, _export, _input_mutations, _what_dynamo_rewrites]
+class _Twice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def _backward_code_traced_with_the_forward():
+    # an autograd.Function's backward and a hook on an intermediate
+    def fn(x):
+        h = _Twice.apply(x) * 1
+        h.register_hook(lambda g: g * 2)
+        return h.sum()
+
+    torch.compile(fn, backend="eager", fullgraph=True)(torch.ones(2, requires_grad=True))
+
+
+SCENARIOS = [
+    _writes_and_guards, _float_zero, _cache_save_and_load, _aot_function, _export, _input_mutations,
+    _what_dynamo_rewrites, _backward_code_traced_with_the_forward,
+]
 if _compat.HAS_DISTRIBUTED:
     SCENARIOS.append(_partial_dtensor_requiring_grad)
 
