@@ -107,7 +107,8 @@ REFUSALS: dict[RefusalKind, Refusal] = {
             RefusalKind.UNSUPPORTED_STATE_READ,
             "Dispatch read state that cannot be carried into the traced program or guarded "
             "(an arbitrary object, a tensor inside a higher-order op body, a real tensor held by "
-            "a shared state object no input reaches).",
+            "a shared state object no input reaches); a Function's backward or an intermediate's "
+            "hook reads state dispatch writes.",
             "The compiled program can only depend on state it can carry in (tensors as graph "
             "inputs, constants and symbolic ints it guards on); this value could change without "
             "the compiled program noticing.",
@@ -184,7 +185,7 @@ REFUSALS: dict[RefusalKind, Refusal] = {
             RefusalKind.STALE_PLAN,
             "A function compiled with AOTAutograd directly was called with state other than it "
             "was traced with; or a shared state object no input reaches, with no replay "
-            "function, changed since it was traced (the one check made at call time).",
+            "function, changed since it was traced.",
             "No guard covers this state (AOTAutograd called directly has none; a shared object "
             "found through a cache is reachable from no input); replaying the traced write now "
             "would leave a value eager would not.",
