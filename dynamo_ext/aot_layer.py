@@ -109,6 +109,7 @@ class Planner:
         self.pass_state: list[tuple[Any, str, Any]] = []
         self._late: list[Scope] = []  # scopes still tracking a finished pass's instances
         self._late_block: contextlib.ExitStack | None = None
+        self._late_versions: dict[tuple[Any, str], int] = {}
         self._late_pending: Scope | None = None  # See Note [Where the traced backward begins]
         self.in_joint = False  # inside AOTAutograd's joint forward+backward function
         self.tangents: list[Any] = []  # the joint's incoming gradients that are subclasses
@@ -478,6 +479,7 @@ class Planner:
         half has returned (``make_create_joint_hook``), just before ``autograd.grad``."""
         late, self._late_pending = self._late_pending, None
         if late is not None:
+            self._late_versions = _inner_versions(late)
             self._late_block = contextlib.ExitStack()
             self._late_block.enter_context(late.active())
 
@@ -493,8 +495,16 @@ class Planner:
         and the instances put back now, before a grown flatten list reaches that check."""
         if self._late_block is not None and self._late:
             late = self._late[-1]
+            changed = [k for k, v in _inner_versions(late).items() if self._late_versions.get(k, v) != v]
             late.kept = late.settle()
             late.restore()
+            if changed:
+                self.close_late()
+                t, name = changed[0]
+                raise SubclassWriteError(
+                    RefusalKind.INNER_METADATA_MUTATION, t.cls_name, name, "Tensor (data changed in place in the backward)",
+                    context="See Note [An inner tensor changed in place in the backward]",
+                )
         self.close_late()
 
     def answer_backward(self, scope: Scope, t: Tracked, name: Any) -> Any:
@@ -1513,6 +1523,32 @@ def _refuse_inner_metadata_mutation(scope: Scope) -> None:
                         RefusalKind.INNER_METADATA_MUTATION, t.cls_name, name,
                         "Tensor (data changed in place on an input that requires grad)",
                     )
+
+
+def _inner_versions(scope: Scope) -> dict[tuple[Any, str], int]:
+    """Note [An inner tensor changed in place in the backward]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Dispatch updating an inner tensor of an input in place in the backward
+    (``self.grad_amax.copy_(...)``, a float8-style history) changes a joint input that
+    AOTAutograd writes back only for the forward: the compiled backward dropped it, silently
+    (stock too), and two forwards with one ``backward()`` made torch raise "modified by an
+    inplace operation". The functionalization mutation counter of every inner tensor of the
+    backward's instances is taken where the backward begins and compared where the joint
+    returns: one that moved
+    is refused (``inner_metadata_mutation``; under ``fullgraph=False`` the frame runs
+    eagerly). Returns {(tracked, name): version}."""
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    found: dict[tuple[Any, str], int] = {}
+    for t in scope.tracked.values():
+        if not isinstance(t.data, _Where) or t.plain_inner:
+            continue
+        d = capture.obj_dict(t.obj)
+        for name in capture._flatten_names(t.obj):
+            value = d.get(name)
+            if isinstance(value, FunctionalTensor):
+                found[(t, name)] = torch._functionalize_mutation_counter(value.elem)
+    return found
 
 
 def _is_grad_leaf(real: Any) -> bool:

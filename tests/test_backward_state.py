@@ -1005,3 +1005,59 @@ def test_backward_code_dynamo_traces_with_the_forward_reads_a_count(fn, backend,
         compiled(xc, wc).backward()
         assert (wc.fw, wc.bw) == (we.fw, we.bw)
         torch.testing.assert_close(xc.grad, xe.grad, msg=lambda m: f"round {r}: {m}")
+
+
+class KeepsGradAmax(torch.Tensor):
+    """A float8-style weight whose flatten list holds a grad-amax buffer its dispatch updates in
+    place in the backward."""
+
+    @staticmethod
+    def __new__(cls, elem, grad_amax):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+        r.elem, r.grad_amax = elem, grad_amax
+        return r
+
+    def __tensor_flatten__(self):
+        return ["elem", "grad_amax"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"], inner["grad_amax"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        w = next(a for a in args if isinstance(a, cls))
+        out = func(*tree_map_only(cls, lambda t: t.elem, args), **tree_map_only(cls, lambda t: t.elem, kwargs))
+        if func is torch.ops.aten.mul.Tensor and not torch.is_grad_enabled():  # grad * w
+            g = next(a for a in args if not isinstance(a, cls))
+            w.grad_amax.copy_(torch.maximum(w.grad_amax, g.abs().amax()))
+        if func is torch.ops.aten.detach.default:
+            return cls(out, w.grad_amax)
+        return out
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_an_inner_tensor_changed_in_place_in_the_backward(fullgraph):
+    """Note [An inner tensor changed in place in the backward]: the compiled backward dropped
+    the update silently (the buffer kept 0); refused, so the frame runs eagerly under
+    fullgraph=False and nothing is touched under fullgraph=True."""
+
+    def loss(x, w):
+        return (x * w).sum() * 3
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=fullgraph)
+    we = KeepsGradAmax(torch.tensor([1.0, 2.0, 3.0]), torch.zeros(()))
+    wc = KeepsGradAmax(torch.tensor([1.0, 2.0, 3.0]), torch.zeros(()))
+    for r in range(2):
+        xe, xc = torch.full((3,), r + 1.0, requires_grad=True), torch.full((3,), r + 1.0, requires_grad=True)
+        (loss(xe, we) * (r + 1) + loss(2 * xe, we)).backward()
+        if fullgraph:
+            with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="inner_metadata_mutation"):
+                compiled(xc, wc)
+            assert wc.grad_amax.item() == 0.0 and xc.grad is None
+            return
+        (compiled(xc, wc) * (r + 1) + compiled(2 * xc, wc)).backward()
+        assert wc.grad_amax.item() == we.grad_amax.item() == 3.0 * (r + 1), f"round {r}"
+        torch.testing.assert_close(xc.grad, xe.grad)
