@@ -426,6 +426,12 @@ class Replay:
 
         free = self.plan.backward_free
         whole = self.plan.whole_backward if writes else None
+        # what the counts are computed from must still be there (a statistic the user deleted
+        # between the forward and backward(): eager's getattr default is not known here)
+        counted = list(dict.fromkeys(
+            [k for w in writes if w.value_from is ValueFrom.COUNTED for k in counters.reads_in(w.value)]
+            + [k for d in decisions for k in counters.reads_in(d.expr)]
+        ))
 
         def before_backward(grad_outputs: Any) -> None:
             if whole is not None:
@@ -437,6 +443,13 @@ class Replay:
                         RefusalKind.CHANGED_BEFORE_BACKWARD, "traced backward", r.where(), type(current).__name__,
                         context=f"the compiled backward was traced with {r.where()} = {_shown(r)}; "
                         f"it is {_shown(r, current)} now (eager's backward would read the new value)",
+                    )
+            for key in counted:
+                if capture.eager_lookup(capture.follow(inputs[key[0]], key[1]), key[2])[1] == "absent":
+                    raise SubclassWriteError(
+                        RefusalKind.CHANGED_BEFORE_BACKWARD, holder_name(key), key[2], "absent",
+                        context=f"the compiled backward counts from {key[2]}, which the forward left set; "
+                        "it is absent now (deleted before backward())",
                     )
             for (key, how, then), version in zip(snapshot, versions):
                 value = now(key)
@@ -481,7 +494,7 @@ class Replay:
                 RefusalKind.WRITE_IN_BACKWARD, type(node).__name__, "<flatten ctx>", "gradient",
                 context="the gradients' ctx is rebuilt on the compiled backward's node, which these outputs do not reach",
             )
-        if snapshot or decisions or free or (whole is not None and (whole[0] or whole[1])):
+        if snapshot or decisions or free or counted or (whole is not None and (whole[0] or whole[1])):
             node.register_prehook(before_backward)
         if writes:
             node.register_hook(after_backward)

@@ -1061,3 +1061,28 @@ def test_an_inner_tensor_changed_in_place_in_the_backward(fullgraph):
         (compiled(xc, wc) * (r + 1) + compiled(2 * xc, wc)).backward()
         assert wc.grad_amax.item() == we.grad_amax.item() == 3.0 * (r + 1), f"round {r}"
         torch.testing.assert_close(xc.grad, xe.grad)
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_count_deleted_between_the_forward_and_the_backward(fullgraph):
+    """The backward counts on from ``getattr(w, "bw", 0)``; the user deletes ``bw`` (a reset)
+    after the forward. Eager starts again from 0; the compiled backward, traced with ``bw``
+    set, raised a bare AttributeError from its replay. Refused by name now, before anything
+    is accumulated or written."""
+
+    def loss(x, w):
+        return (x * w).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=fullgraph)
+    w = CountsBackwardFromAbsent(torch.full((3,), 0.5))
+    w.bw = 0
+    x = torch.ones(3, requires_grad=True)
+    compiled(x, w).backward()
+    assert w.bw == 1
+    y = compiled(x, w)
+    del w.bw
+    with pytest.raises(SubclassWriteError) as info:
+        y.backward()
+    assert info.value.kind is RefusalKind.CHANGED_BEFORE_BACKWARD and "absent" in str(info.value)
+    assert "bw" not in vars(w) and x.grad.tolist() == [0.5] * 3
