@@ -434,6 +434,13 @@ class Replay:
         ))
 
         def before_backward(grad_outputs: Any) -> None:
+            try:
+                check_before_backward(grad_outputs)
+            except SubclassWriteError:
+                _undo_this_backward()  # See Note [A refusal undoes the backward's earlier writes]
+                raise
+
+        def check_before_backward(grad_outputs: Any) -> None:
             if whole is not None:
                 _check_whole_backward(node, whole, grad_outputs)
             for r in free:
@@ -475,8 +482,11 @@ class Replay:
             values = [
                 counters.evaluate(w.value, read) if w.value_from is ValueFrom.COUNTED else w.value for w in writes
             ]
+            journal = _this_backward_journal()
             for w, value in zip(writes, values):
-                setattr(w.target(inputs), w.name, value)
+                target = w.target(inputs)
+                journal.append((target, w.name, capture.obj_dict(target).get(w.name, MISSING)))
+                setattr(target, w.name, value)
 
         if (self.plan.call_symbols or self.plan.rebuild_gradients) and "CompiledFunction" in type(node).__name__:
             # this call's values of them: read where the compiled backward coerces its
@@ -512,6 +522,39 @@ class Replay:
                 setattr(run_with_replay, attr, getattr(compiled, attr))
         run_with_replay.__wrapped__ = compiled  # type: ignore[attr-defined]
         return run_with_replay
+
+
+# Note [A refusal undoes the backward's earlier writes]
+# One ``backward()`` may run several compiled backwards (two compiled forwards summed, a
+# graph break's two graphs): each sets its writes when it has run. Where a later one is
+# refused when it would run (``changed_before_backward``), the earlier ones' writes were set
+# already: a count left at 1 where it was 0 before ``backward()`` and eager gives 2 (an
+# outside tester's find). The writes each compiled backward sets are kept per backward pass
+# (autograd's graph task), with the values they replaced, until that pass ends; a refusal
+# puts them back, in reverse order, before it raises.
+
+_JOURNALS: dict[int, list[tuple[Any, str, Any]]] = {}
+_KEPT_JOURNALS = 8  # passes that ended by an error other than a refusal drop out after this
+
+
+def _this_backward_journal() -> list[tuple[Any, str, Any]]:
+    task = torch._C._current_graph_task_id()
+    journal = _JOURNALS.get(task)
+    if journal is None:
+        journal = _JOURNALS[task] = []
+        for old in sorted(_JOURNALS)[:-_KEPT_JOURNALS]:
+            del _JOURNALS[old]
+        if task >= 0:
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: _JOURNALS.pop(task, None))
+    return journal
+
+
+def _undo_this_backward() -> None:
+    for target, name, old in reversed(_JOURNALS.pop(torch._C._current_graph_task_id(), [])):
+        if old is MISSING:
+            capture.obj_dict(target).pop(name, None)
+        else:
+            setattr(target, name, old)
 
 
 def _check_whole_backward(node: Any, whole: tuple[bool, bool, int], grad_outputs: Any) -> None:

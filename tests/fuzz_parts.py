@@ -1202,15 +1202,19 @@ def _run_case(spec: Spec, program: Program, backend: str) -> None:
                 _backward(e_out)
             for h in hooks:
                 h.remove()
+            before_backward = [picture(c) for c in c_in]
             try:
                 _backward(c_out)
             except Exception as exc:
                 if coerced_gradient_justified(exc, e_grads, list(e_in) + list(tree_leaves(e_out)), e_read):
-                    _event("refused when the backward ran: changed_before_backward (a gradient's ctx coerced)")
-                    return
-                if not backward_change_justified(exc, e_at_break, e_after, e_read):
+                    why = "a gradient's ctx coerced"
+                elif backward_change_justified(exc, e_at_break, e_after, e_read):
+                    why = "a later graph moved state on"
+                else:
                     raise
-                _event("refused when the backward ran: changed_before_backward (a later graph moved state on)")
+                for i, c in enumerate(c_in):  # See Note [A refusal undoes the backward's earlier writes]
+                    assert_same_picture(before_backward[i], picture(c), f"{where}: refused at backward() but input {i} touched")
+                _event(f"refused when the backward ran: changed_before_backward ({why})")
                 return
             for i, (e, c) in enumerate(zip(e_in, c_in)):
                 assert (c.grad is None) == (e.grad is None), f"{where}: input {i}: grad {c.grad} vs eager {e.grad}"

@@ -859,7 +859,8 @@ def test_a_backward_count_in_a_tensor_op_over_one_backward_per_forward(cls, full
 @pytest.mark.parametrize("cls", [ScalesByBackwardCount, ShapesByBackwardCount])
 def test_a_backward_count_in_a_tensor_op_over_two_backwards_of_one_step(cls):
     """Baked into the graph, the count the second backward would need is not the traced one:
-    refused when that backward runs, before it accumulates (README, Limits)."""
+    refused when that backward runs, before it accumulates (README, Limits), with the state
+    as it was before ``backward()``."""
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend="aot_eager", fullgraph=False)
     w = cls(torch.linspace(0.5, 2.0, 4))
@@ -868,6 +869,9 @@ def test_a_backward_count_in_a_tensor_op_over_two_backwards_of_one_step(cls):
     with pytest.raises(SubclassWriteError) as info:
         loss.backward()
     assert info.value.kind is RefusalKind.CHANGED_BEFORE_BACKWARD
+    # See Note [A refusal undoes the backward's earlier writes]: the first backward's count
+    # is put back, where it was left at 1
+    assert w.bw == 0 and x.grad is None
 
 
 class _ScalesByCountOutsideDispatch(torch.autograd.Function):
