@@ -498,16 +498,16 @@ class Replay:
                 def with_call_values(grad_inputs: Any, grad_outputs: Any) -> Any:
                     return tuple(_rebuilt_with(g, symbols, read) for g in grad_inputs)
 
-                node.register_hook(with_call_values)  # before after_backward's writes (see Note in aot_layer.py)
+                node.register_hook(_not_traced(with_call_values))  # before after_backward's writes (see Note in aot_layer.py)
         elif self.plan.rebuild_gradients:
             raise SubclassWriteError(
                 RefusalKind.WRITE_IN_BACKWARD, type(node).__name__, "<flatten ctx>", "gradient",
                 context="the gradients' ctx is rebuilt on the compiled backward's node, which these outputs do not reach",
             )
         if snapshot or decisions or free or counted or (whole is not None and (whole[0] or whole[1])):
-            node.register_prehook(before_backward)
+            node.register_prehook(_not_traced(before_backward))
         if writes:
-            node.register_hook(after_backward)
+            node.register_hook(_not_traced(after_backward))
 
     def wrap_boxed(self, compiled: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
         """The compiled callable AOTAutograd returns from its stage 2 (boxed: it takes one
@@ -522,6 +522,17 @@ class Replay:
                 setattr(run_with_replay, attr, getattr(compiled, attr))
         run_with_replay.__wrapped__ = compiled  # type: ignore[attr-defined]
         return run_with_replay
+
+
+def _not_traced(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """A hook of the compiled backward's node runs as Python, on the real objects: compiled
+    autograd, which traces the backward's hooks with Dynamo, runs it eagerly (a graph break;
+    with a ``fullgraph=True`` compiler, an error naming dynamo_ext where Dynamo failed to
+    convert the objects it holds)."""
+    return torch._dynamo.disable(
+        hook, reason="dynamo_ext: the compiled backward's hook reads and writes the real objects; "
+        "compiled autograd runs it eagerly (use a fullgraph=False compiler for compiled autograd)",
+    )
 
 
 # Note [A refusal undoes the backward's earlier writes]
@@ -540,12 +551,14 @@ _KEPT_JOURNALS = 8  # passes that ended by an error other than a refusal drop ou
 def _this_backward_journal() -> list[tuple[Any, str, Any]]:
     task = torch._C._current_graph_task_id()
     journal = _JOURNALS.get(task)
-    if journal is None:
-        journal = _JOURNALS[task] = []
-        for old in sorted(_JOURNALS)[:-_KEPT_JOURNALS]:
-            del _JOURNALS[old]
-        if task >= 0:
-            torch.autograd.Variable._execution_engine.queue_callback(lambda: _JOURNALS.pop(task, None))
+    if journal is not None:
+        return journal
+    if task < 0 or torch._dynamo.compiled_autograd.in_compiled_autograd_region:
+        return []  # no pass of autograd's own to end it (compiled autograd runs the hooks)
+    torch.autograd.Variable._execution_engine.queue_callback(lambda: _JOURNALS.pop(task, None))
+    journal = _JOURNALS[task] = []
+    for old in sorted(_JOURNALS)[:-_KEPT_JOURNALS]:
+        del _JOURNALS[old]
     return journal
 
 

@@ -1090,3 +1090,31 @@ def test_a_count_deleted_between_the_forward_and_the_backward(fullgraph):
         y.backward()
     assert info.value.kind is RefusalKind.CHANGED_BEFORE_BACKWARD and "absent" in str(info.value)
     assert "bw" not in vars(w) and x.grad.tolist() == [0.5] * 3
+
+
+@pytest.mark.parametrize("ca_fullgraph", [True, False])
+def test_a_backward_count_under_compiled_autograd(ca_fullgraph):
+    """Compiled autograd traces the backward's hooks with Dynamo: the compiled backward's own
+    hooks (which read and write the real objects) run eagerly, so a count matches eager under a
+    fullgraph=False compiler; a fullgraph=True one fails naming dynamo_ext, nothing written
+    (Dynamo failed to convert the objects they hold, naming nothing)."""
+    from torch._dynamo import compiled_autograd
+
+    def loss(x, w):
+        return (x * w).sum()
+
+    torch._dynamo.reset()
+    we, wc = CountsBackwardCalls(torch.tensor([1.0, 2.0, 3.0])), CountsBackwardCalls(torch.tensor([1.0, 2.0, 3.0]))
+    for r in range(2):
+        xe, xc = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+        loss(xe, we).backward()
+        y = torch.compile(loss, backend="aot_eager")(xc, wc)
+        with compiled_autograd._enable(torch.compile(backend="aot_eager", fullgraph=ca_fullgraph)):
+            if ca_fullgraph:
+                with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext"):
+                    y.backward()
+                assert wc.bw == 0 and xc.grad is None
+                return
+            y.backward()
+        assert wc.bw == we.bw == r + 1
+        torch.testing.assert_close(xc.grad, xe.grad)
