@@ -1544,7 +1544,7 @@ def _inner_versions(scope: Scope) -> dict[tuple[Any, str], int]:
         if not isinstance(t.data, _Where) or t.plain_inner:
             continue
         d = capture.obj_dict(t.obj)
-        for name in capture._flatten_names(t.obj):
+        for name in t.flatten_names:  # as tracked: no __tensor_flatten__ call, no read of the ctx
             value = d.get(name)
             if isinstance(value, FunctionalTensor):
                 found[(t, name)] = torch._functionalize_mutation_counter(value.elem)
