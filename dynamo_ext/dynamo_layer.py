@@ -1327,6 +1327,7 @@ def _refuse_backward_code_read(vt: Any, name: str) -> None:
         "forward's later ops and the backward's earlier ops wrote",
         hint="Read the value in the forward and keep it on the autograd ctx (ctx.n = w.n), or compute "
         "the scaling in the subclass's dispatch.",
+        reader="an autograd.Function's backward or a hook on an intermediate",
     )
 
 
@@ -1536,14 +1537,16 @@ def _dispatch_code(cls: type) -> types.CodeType | None:
     return getattr(getattr(fn, "__func__", fn), "__code__", None)
 
 
-def _graph_break_class(kind: RefusalKind, cls: type, attr: str, value_type: str, context: str, hint: str = "") -> NoReturn:
+def _graph_break_class(
+    kind: RefusalKind, cls: type, attr: str, value_type: str, context: str, hint: str = "", reader: str = ""
+) -> NoReturn:
     """``_graph_break`` for a class (no tracked object)."""
     from . import _patches
 
     code = _dispatch_code(cls)
     if code is not None:
         _patches.CODE_MARKS.run_eagerly(code)
-    refuse(kind, cls.__name__, attr, value_type, context, hint)
+    refuse(kind, cls.__name__, attr, value_type, context, hint, reader)
 
 
 def _graph_break(kind: RefusalKind, t: Tracked, attr: str, value_type: str, context: str, hint: str = "") -> NoReturn:

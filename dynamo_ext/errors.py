@@ -274,13 +274,17 @@ def refusal_table() -> str:
     return "\n".join(lines)
 
 
-def explain(kind: RefusalKind, cls_name: str, attr: str, value_type: str) -> str:
+def explain(kind: RefusalKind, cls_name: str, attr: str, value_type: str, reader: str = "") -> str:
+    """``reader``: the code that read or wrote, where it is not the class's dispatch."""
     record = REFUSALS[kind]
     what = record.what.format(attr=attr, value_type=value_type)
-    return f"{cls_name}.__torch_dispatch__ {what}, and dynamo_ext cannot carry it exactly. {record.why}"
+    who = f"{reader} ({cls_name})" if reader else f"{cls_name}.__torch_dispatch__"
+    return f"{who} {what}, and dynamo_ext cannot carry it exactly. {record.why}"
 
 
-def refuse(kind: RefusalKind, cls_name: str, attr: str, value_type: str, context: str = "", hint: str = "") -> NoReturn:
+def refuse(
+    kind: RefusalKind, cls_name: str, attr: str, value_type: str, context: str = "", hint: str = "", reader: str = ""
+) -> NoReturn:
     """Raise a Dynamo graph break (``Unsupported``) naming the kind, class and attribute;
     ``hint``, where given, is the first of the hints (advice for this case)."""
     from torch._dynamo.exc import unimplemented
@@ -288,7 +292,7 @@ def refuse(kind: RefusalKind, cls_name: str, attr: str, value_type: str, context
     unimplemented(
         gb_type=kind.gb_type,
         context=context or f"{cls_name}.{attr} <- {value_type}",
-        explanation=explain(kind, cls_name, attr, value_type),
+        explanation=explain(kind, cls_name, attr, value_type, reader),
         hints=([hint] if hint else []) + list(REFUSALS[kind].hints),
     )
 
