@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import functools
 import math
 import pickle
 from typing import Any, Callable, Sequence
@@ -524,15 +525,26 @@ class Replay:
         return run_with_replay
 
 
+def _call(hook: Callable[..., Any], *args: Any) -> Any:
+    return hook(*args)
+
+
+_call_eagerly: Callable[..., Any] | None = None
+
+
 def _not_traced(hook: Callable[..., Any]) -> Callable[..., Any]:
     """A hook of the compiled backward's node runs as Python, on the real objects: compiled
     autograd, which traces the backward's hooks with Dynamo, runs it eagerly (a graph break;
     with a ``fullgraph=True`` compiler, an error naming dynamo_ext where Dynamo failed to
-    convert the objects it holds)."""
-    return torch._dynamo.disable(
-        hook, reason="dynamo_ext: the compiled backward's hook reads and writes the real objects; "
-        "compiled autograd runs it eagerly (use a fullgraph=False compiler for compiled autograd)",
-    )
+    convert the objects it holds). One disabled function, made once (making one costs about a
+    millisecond), calls each call's hook."""
+    global _call_eagerly
+    if _call_eagerly is None:
+        _call_eagerly = torch._dynamo.disable(
+            _call, reason="dynamo_ext: the compiled backward's hook reads and writes the real objects; "
+            "compiled autograd runs it eagerly (use a fullgraph=False compiler for compiled autograd)",
+        )
+    return functools.partial(_call_eagerly, hook)
 
 
 # Note [A refusal undoes the backward's earlier writes]
