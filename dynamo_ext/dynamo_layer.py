@@ -1311,6 +1311,20 @@ def make_backward_code_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     return traced_with_the_forward
 
 
+def make_load_attr_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``SideEffects.load_attr``: a name the traced code wrote earlier is read
+    back from Dynamo's pending writes, not through ``var_getattr`` (See Note [Backward code
+    Dynamo traces with the forward])."""
+
+    @functools.wraps(original)
+    def load_attr(self: Any, item: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        if getattr(_speculating, "depth", 0) and isinstance(name, str) and hasattr(item, "proxy"):
+            _refuse_backward_code_read(item, name)
+        return original(self, item, name, *args, **kwargs)
+
+    return load_attr
+
+
 def _refuse_backward_code_read(vt: Any, name: str) -> None:
     """See Note [Backward code Dynamo traces with the forward]."""
     if not getattr(_speculating, "depth", 0) or name[:2] == "__" or not _may_write(vt):

@@ -96,6 +96,14 @@ TABLE: list[Patch] = [
         "[Backward code Dynamo traces with the forward]).",
     ),
     Patch(
+        "torch._dynamo.side_effects:SideEffects",
+        "load_attr",
+        dynamo_layer.make_load_attr_hook,
+        why="A name the traced code wrote is read back from Dynamo's pending writes: in backward "
+        "code Dynamo traces with the forward, a read of state dispatch may write is refused as "
+        "through var_getattr (See Note [Backward code Dynamo traces with the forward]).",
+    ),
+    Patch(
         "torch._dynamo.variables.tensor:TensorVariable",
         "_method_register_hook",
         dynamo_layer.make_backward_code_hook,

@@ -980,33 +980,48 @@ def _function_reads_fw(x, w):
     return (_ScalesByForwardCount.apply(x, w) * w).sum()  # eager: the forward's mul counted before
 
 
+def _function_reads_fw_counted_before(x, w):
+    return _ScalesByForwardCount.apply(x * w, w).sum()  # the count moved before apply
+
+
+def _hook_reads_fw_counted_before(x, w):
+    h = (x * w) * 1  # the count moved before the hook is registered
+    h.register_hook(lambda g: g * (w.fw + 1))
+    return h.sum()
+
+
 def _hook_reads_bw(x, w):
     h = x * 1
     h.register_hook(lambda g: g * (w.bw + 1))  # runs after the backward of h * w
     return (h * w).sum()
 
 
-@pytest.mark.parametrize("fn", [_function_reads_bw, _function_reads_fw, _hook_reads_bw], ids=["function_bw", "function_fw", "hook_bw"])
+@pytest.mark.parametrize(
+    "fn",
+    [_function_reads_bw, _function_reads_fw, _hook_reads_bw, _function_reads_fw_counted_before, _hook_reads_fw_counted_before],
+    ids=["function_bw", "function_fw", "hook_bw", "function_fw_before", "hook_fw_before"],
+)
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 @pytest.mark.parametrize("fullgraph", [True, False])
 def test_backward_code_dynamo_traces_with_the_forward_reads_a_count(fn, backend, fullgraph):
     """Note [Backward code Dynamo traces with the forward]: an autograd.Function's backward and
     a hook on an intermediate read the count when backward() runs in eager; Dynamo traced them
-    with the forward, where the count was another (wrong gradients on every backend). Refused:
-    a graph break under fullgraph=False (eager's numbers), an error with nothing touched under
-    fullgraph=True."""
+    with the forward, where the count was another (wrong gradients on every backend; a count
+    the traced code moved before is read back from Dynamo's pending writes). Refused: a graph
+    break under fullgraph=False (eager's numbers), an error with nothing touched under
+    fullgraph=True. Two forwards summed, one backward."""
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend=backend, fullgraph=fullgraph)
     for r in range(2):
         xe, xc = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
         we, wc = CountsEveryBackwardOp(torch.tensor([1.0, 2.0, 3.0])), CountsEveryBackwardOp(torch.tensor([1.0, 2.0, 3.0]))
-        fn(xe, we).backward()
+        (fn(xe, we) + fn(xe, we)).backward()
         if fullgraph:
             with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: unsupported_state_read"):
                 compiled(xc, wc)
             assert (wc.fw, wc.bw, xc.grad) == (0, 0, None)
             continue
-        compiled(xc, wc).backward()
+        (compiled(xc, wc) + compiled(xc, wc)).backward()
         assert (wc.fw, wc.bw) == (we.fw, we.bw)
         torch.testing.assert_close(xc.grad, xe.grad, msg=lambda m: f"round {r}: {m}")
 
