@@ -366,6 +366,11 @@ class Replay:
     def __call__(self, inputs: Sequence[Any], out: Any) -> Any:
         if not self.plan.guarded:
             check_entry(self.plan, inputs)
+        if self.plan.backward_writes and torch.is_grad_enabled() and _saved_tensors_hooked():
+            raise SubclassWriteError(
+                RefusalKind.WRITE_IN_BACKWARD, "compiled backward", "<writes of the backward>", "saved-tensor hooks",
+                context="See Note [Backward writes under saved-tensor hooks]",
+            )
         extras = out[len(out) - self._cut :] if self._cut else ()  # extra outputs follow the caller's
         for index, path, name, value_from, value in self._output_steps:
             if value_from is ValueFrom.SIBLING:  # See Note [One object in several places of the outputs]
@@ -523,6 +528,21 @@ class Replay:
                 setattr(run_with_replay, attr, getattr(compiled, attr))
         run_with_replay.__wrapped__ = compiled  # type: ignore[attr-defined]
         return run_with_replay
+
+
+def _saved_tensors_hooked() -> bool:
+    """Note [Backward writes under saved-tensor hooks]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Under ``saved_tensors_hooks`` (``save_on_cpu``, offloading, a ``detach`` pack), eager's
+    backward runs dispatch on what the unpack hook returns, which need not be the input (a
+    class whose ``detach`` or ``to`` makes a new wrapper: the copy takes the backward's writes
+    and is dropped, the input keeps its state). The compiled backward's replay writes the
+    input (an outside tester's find: silently other than eager).
+    Which one eager writes is the hooks' to decide, so a call whose backward writes, made
+    with such hooks active, is refused (``write_in_backward``) when the compiled forward
+    returns, before any of its writes is set. Not covered: hooks entered between the
+    forward and ``backward()`` do not apply to what the forward saved, in eager either."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(True) is not None
 
 
 def _call(hook: Callable[..., Any], *args: Any) -> Any:

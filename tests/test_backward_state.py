@@ -1178,3 +1178,34 @@ def test_a_backward_count_under_activation_checkpointing(fullgraph):
     (be, ge), (bc, gc) = results
     assert bc == be
     torch.testing.assert_close(gc, ge)
+
+
+@pytest.mark.parametrize("hooks", ["save_on_cpu", "identity"])
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_backward_count_under_saved_tensor_hooks(hooks, fullgraph):
+    """Note [Backward writes under saved-tensor hooks]: eager's backward counts on what the
+    unpack hook returns (here not the input: it keeps 0), the compiled replay on the input.
+    Refused when the compiled forward returns, the input untouched."""
+    from torch.autograd.graph import save_on_cpu, saved_tensors_hooks
+
+    def loss(x, w):
+        return (x * w).sin().sum()
+
+    def hooked():
+        return save_on_cpu() if hooks == "save_on_cpu" else saved_tensors_hooks(lambda t: t, lambda t: t)
+
+    x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    we = CountsOnCopies(torch.ones(3)).requires_grad_()
+    with hooked():
+        y = loss(x, we)
+    y.backward()
+    assert we.bw == 0  # what autograd unpacked took the count, under both
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=fullgraph)
+    wc = CountsOnCopies(torch.ones(3)).requires_grad_()
+    compiled(x, wc).backward()  # no hooks: eager's count
+    assert wc.bw == 1
+    with hooked(), pytest.raises(SubclassWriteError) as info:
+        compiled(x, wc)
+    assert info.value.kind is RefusalKind.WRITE_IN_BACKWARD and "saved-tensor hooks" in str(info.value)
+    assert wc.bw == 1
