@@ -493,19 +493,19 @@ class Planner:
         """The joint function returns: AOTAutograd then compares each of its inputs with
         what it was given (``has_metadata_mutation``), so the backward's writes are taken
         and the instances put back now, before a grown flatten list reaches that check."""
+        changed: list[tuple[Any, str]] = []
         if self._late_block is not None and self._late:
             late = self._late[-1]
             changed = [k for k, v in _inner_versions(late).items() if self._late_versions.get(k, v) != v]
             late.kept = late.settle()
             late.restore()
-            if changed:
-                self.close_late()
-                t, name = changed[0]
-                raise SubclassWriteError(
-                    RefusalKind.INNER_METADATA_MUTATION, t.cls_name, name, "Tensor (data changed in place in the backward)",
-                    context="See Note [An inner tensor changed in place in the backward]",
-                )
         self.close_late()
+        if changed:
+            t, name = changed[0]
+            raise SubclassWriteError(
+                RefusalKind.INNER_METADATA_MUTATION, t.cls_name, name, "Tensor (data changed in place in the backward)",
+                context="See Note [An inner tensor changed in place in the backward]",
+            )
 
     def answer_backward(self, scope: Scope, t: Tracked, name: Any) -> Any:
         """A read in the traced backward: an int the instance holds is a counted value

@@ -20,7 +20,7 @@ import dataclasses
 import operator
 from typing import Any, Callable
 
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 #: An expression: ("read", key) | ("const", value) | (op name, expr, expr)
 Expr = tuple
@@ -283,11 +283,7 @@ def note_read(value: Any, whole_dict: bool = False) -> None:
 
 
 def pins_active() -> bool:
-    import torch.overrides as overrides
-
-    if isinstance(overrides._get_current_function_mode(), PinsCountedArguments):
-        return True
-    return any(isinstance(m, PinsCountedArguments) for m in overrides._get_current_function_mode_stack())
+    return any(isinstance(m, PinsCountedArguments) for m in _get_current_function_mode_stack())
 
 
 def graph_scalars(graph: Any) -> set[Any]:

@@ -1318,7 +1318,7 @@ def make_load_attr_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def load_attr(self: Any, item: Any, name: str, *args: Any, **kwargs: Any) -> Any:
-        if getattr(_speculating, "depth", 0) and isinstance(name, str) and hasattr(item, "proxy"):
+        if isinstance(name, str):
             _refuse_backward_code_read(item, name)
         return original(self, item, name, *args, **kwargs)
 

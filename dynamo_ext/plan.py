@@ -304,6 +304,13 @@ class Replay:
             (w.output_index, w.path, w.name, w.value_from, w.value) for w in plan.writes if w.output_index >= 0
         ]
         self._cut = plan.n_extra
+        # What the backward's counts and decisions read: each must still be there when the
+        # compiled backward runs (a statistic the user deleted between the forward and
+        # backward(): eager's getattr default is not known here)
+        self._counted = list(dict.fromkeys(
+            [k for w in plan.backward_writes if w.value_from is ValueFrom.COUNTED for k in counters.reads_in(w.value)]
+            + [k for d in plan.backward_decisions for k in counters.reads_in(d.expr)]
+        ))
         # Objects the traced code made, held by the outputs' ctx: See Note [Objects dispatch
         # makes, per shape]. id -> (object, {attribute: its value when made})
         self._born: dict[int, tuple[Any, dict[str, Any]]] = {}
@@ -432,12 +439,7 @@ class Replay:
 
         free = self.plan.backward_free
         whole = self.plan.whole_backward if writes else None
-        # what the counts are computed from must still be there (a statistic the user deleted
-        # between the forward and backward(): eager's getattr default is not known here)
-        counted = list(dict.fromkeys(
-            [k for w in writes if w.value_from is ValueFrom.COUNTED for k in counters.reads_in(w.value)]
-            + [k for d in decisions for k in counters.reads_in(d.expr)]
-        ))
+        counted = self._counted
 
         def before_backward(grad_outputs: Any) -> None:
             try:
