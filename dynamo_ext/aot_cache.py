@@ -97,7 +97,7 @@ def _bypass(why: str) -> None:
     from torch._dynamo.utils import counters
 
     counters["aot_autograd"]["autograd_cache_bypass"] += 1
-    log.info("AOTAutogradCache bypassed for a graph with subclass inputs: %s", why)
+    log.info("AOTAutogradCache bypassed: %s", why)
 
 
 def _positions(planner: aot_layer.Planner) -> dict[int, tuple]:
@@ -153,6 +153,11 @@ def make_try_load_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def try_load(mod: Any, args: Any, aot_config: Any, *rest: Any, **kwargs: Any) -> Any:
         planner = aot_layer.pending()
+        if planner is None and capture.registered_classes():
+            # an entry could not say which gradients the compiled backward leaves undefined
+            # (See Note [A backward run for part of the graph] in partial_backward.py)
+            _bypass("a graph without a plan, compiled once a class dispatch writes on is known")
+            return None, aot_config
         if planner is None:
             return original(mod, args, aot_config, *rest, **kwargs)
         _, why = _handoff(planner)

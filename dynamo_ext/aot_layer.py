@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.utils._pytree as pytree
 
-from . import capture, config, counters, free_state, guards, handoff
+from . import capture, config, counters, free_state, guards, handoff, partial_backward
 from .capture import Scope, Tracked, Write
 from .errors import RefusalKind, SubclassWriteError
 from .plan import SYMBOL_VALUES_ATTR, WHOLE_OUTPUT, EntryRead, PlannedWrite, ReadKind, Replay, ValueFrom, WritePlan, resolve_symbolic
@@ -143,9 +143,9 @@ class Planner:
         # closure variables (See Note [State the traced backward reads outside the tensors]
         # in free_state.py)
         self.backward_code: free_state.Collector | None = None
-        # See Note [A backward run for part of the graph]: (writes need every incoming
-        # gradient, writes need every input's gradient, number of incoming gradients)
-        self.whole_backward: tuple[bool, bool, int] | None = None
+        # See Note [A backward run for part of the graph] in partial_backward.py
+        self.whole_backward: partial_backward.BackwardParts | None = None
+        self.fw_metadata: Any = None  # AOTAutograd's, for the positions of the joint's tangents
         self.backward_free: dict[tuple, free_state.BackwardRead] = {}
         # names the traced backward read as the forward wrote them: key -> (real holder, value)
         self.forward_reads: dict[tuple, tuple[Any, Any]] = {}
@@ -618,14 +618,17 @@ class Planner:
         recorded = self.record.recorded if self.record is not None else {}
         late: dict[tuple, PlannedWrite] = {}
         forward = {(w.input_index, w.path, w.name) for w in self.writes or ()}
-        calls: list[tuple[str, ...] | None] = []  # the graph nodes of each call that wrote
+        # each write with the graph nodes of the call that made it
+        call_events: list[tuple[tuple, tuple[str, ...] | None]] = []
         for scope in self._late:
             events = scope.kept if scope.kept is not None else scope.settle()
             _refuse_caught(scope)
             _refuse_split(scope)
             nodes_of = scope.call_nodes or {}
-            calls.extend(
-                nodes_of.get(id(e)) for e in events if isinstance(e.tracked.data, _Where)
+            call_events.extend(
+                ((e.tracked.data.index, e.tracked.data.path, e.name), nodes_of.get(id(e)))
+                for e in events
+                if isinstance(e.tracked.data, _Where)
             )
             for w in scope.net_writes(events):
                 t = w.tracked
@@ -656,11 +659,26 @@ class Planner:
                 "int" if w.value_from is ValueFrom.COUNTED else type(w.value).__name__,
                 context="See Note [Backward writes under activation checkpointing]",
             )
-        if self.backward:
-            self.whole_backward = _whole_backward_needs(self.joint_graph, calls)
+        self.whole_backward = partial_backward.analyse(
+            self.joint_graph, call_events, self.fw_metadata,
+            partial_backward.count_reads_of(self.backward),
+            None if self._backward_exact() or self.tape.unseen else frozenset(
+                k for d in self.tape.decisions for k in counters.reads_in(d.expr)
+            ),
+        ) if self.joint_graph is not None else None
         self._check_forward_reads(recorded)
         if self.backward or self.backward_reads or self.tape.decisions:
             self._guard_backward_decisions(forward | {k for k in self.backward_reads if k[2] in recorded.get(id(self.backward_reads[k][0]), ())})
+
+    def _backward_exact(self) -> bool:
+        """Whether the traced backward baked an int it read where no decision shows it (text
+        or a container it writes, a tensor op outside dispatch): every read is then guarded
+        by value (See Note [Decisions of the traced backward])."""
+        return any(
+            counters.holds_counted(w.value) or counters.holds_text(w.value)
+            for w in self.backward
+            if w.value_from is ValueFrom.CONSTANT
+        ) or (self.tape.unseen and bool(self.tape.values & counters.graph_scalars(self.joint_graph)))
 
     def _guard_backward_decisions(self, forward_written: set[tuple]) -> None:
         """Note [Decisions of the traced backward]
@@ -680,11 +698,7 @@ class Planner:
         refused. What user code changes between the forward and the backward is still checked
         when the backward runs (``plan.Replay``)."""
         keys: list[tuple] = []
-        exact = any(
-            counters.holds_counted(w.value) or counters.holds_text(w.value)
-            for w in self.backward
-            if w.value_from is ValueFrom.CONSTANT
-        ) or (self.tape.unseen and bool(self.tape.values & counters.graph_scalars(self.joint_graph)))
+        exact = self._backward_exact()
         if exact:
             keys = list(self.backward_reads)
             for key in keys:  # baked into what the backward writes or computes
@@ -932,52 +946,6 @@ def _refuse_several_of_one_key(scope: Scope, made: Sequence[Any]) -> None:
                 context=one.why,
             )
         seen[id(obj)] = obj
-
-
-def _whole_backward_needs(graph: Any, calls: list[tuple[str, ...] | None]) -> tuple[bool, bool, int]:
-    """Note [A backward run for part of the graph]
-    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    Eager's backward runs an op's backward only where a gradient reaches it (an output no
-    loss uses sends none: ``ya.backward()`` leaves ``yb``'s ops alone) and only for inputs
-    whose gradient is wanted (``autograd.grad(y, [x])``, ``backward(inputs=[w])``). The
-    compiled backward runs whole, and its writes are those of the whole traced backward:
-    a count bumped by ``yb``'s ops was bumped where eager's never ran (an outside tester's
-    find, stock too). Each dispatch call that wrote in the traced backward is known by the
-    graph nodes it traced (``Scope.call_nodes``); here, whether every such call depends on
-    every incoming gradient (the joint's tangents) and reaches every input's gradient. Where
-    not, the compiled backward refuses to run for part of the graph (``write_in_backward``)
-    before anything is accumulated: a gradient missing, or an input's gradient not wanted.
-    A call with no node of its own counts as depending on nothing. Returns (needs every
-    incoming gradient, needs every input's gradient, the number of incoming gradients)."""
-    if graph is None:
-        return True, True, 0
-    nodes = {n.name: n for n in graph.nodes}
-    tangents = [n for n in graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
-    output = next((n for n in graph.nodes if n.op == "output"), None)
-
-    def below(start: Sequence[Any]) -> set[Any]:
-        seen, stack = set(start), list(start)
-        while stack:
-            for user in stack.pop().users:
-                if user not in seen:
-                    seen.add(user)
-                    stack.append(user)
-        return seen
-
-    from_tangent = [below([t]) for t in tangents]
-    reached_by_any = set().union(*from_tangent) if from_tangent else set()
-    outs = [o for o in pytree.tree_leaves(output.args if output is not None else ()) if isinstance(o, torch.fx.Node)]
-    gradients = {o for o in outs if o in reached_by_any}
-    every_tangent = every_gradient = True
-    for names in calls:
-        mine = [nodes[n] for n in names or () if n in nodes]
-        if not mine:
-            return True, True, len(tangents)
-        if not all(any(n in reach for n in mine) for reach in from_tangent):
-            every_tangent = False
-        if not gradients <= below(mine):
-            every_gradient = False
-    return not every_tangent, not every_gradient, len(tangents)
 
 
 def _trace_tensor_keys(cls: type, args: Sequence[Any]) -> set[str]:
@@ -1742,7 +1710,7 @@ def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def aot_stage2_compile(*args: Any, **kwargs: Any) -> Any:
         planner = pending()
         if planner is None:
-            return original(*args, **kwargs)
+            return _without_plan(original, *args, **kwargs)
         set_pending(None)
         try:
             state = args[0] if args else kwargs.get("aot_state")
@@ -1751,10 +1719,11 @@ def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             _note_tangent_symbols(metas, planner.symbol_sources, planner.call_symbols)
             capture_ = args[1] if len(args) > 1 else kwargs.get("aot_graph_capture")
             planner.joint_graph = getattr(getattr(capture_, "graph_module", None), "graph", None)
+            planner.fw_metadata = getattr(state, "fw_metadata", None)
             compiled, meta = original(*args, **kwargs)
             planner.guard_deferred()
             planner.plan_backward()
-            planner.joint_graph = None
+            planner.joint_graph = planner.fw_metadata = None
         finally:
             planner.pass_state = []
             planner.close_late()
@@ -1770,6 +1739,23 @@ def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         return wrapped, meta
 
     return aot_stage2_compile
+
+
+def _without_plan(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Stage 2 of a graph with no subclass of its own: once a class dispatch writes on is
+    known, an input's gradient no defined incoming gradient reaches is returned as None, as
+    eager leaves it, not zeros (See Note [A backward run for part of the graph] in
+    partial_backward.py)."""
+    if not capture.registered_classes():
+        return original(*args, **kwargs)
+    state = args[0] if args else kwargs.get("aot_state")
+    capture_ = args[1] if len(args) > 1 else kwargs.get("aot_graph_capture")
+    graph = getattr(getattr(capture_, "graph_module", None), "graph", None)
+    parts = partial_backward.analyse(graph, [], getattr(state, "fw_metadata", None)) if graph is not None else None
+    compiled, meta = original(*args, **kwargs)
+    if parts is None or not parts.nulls:
+        return compiled, meta
+    return Replay(WritePlan(whole_backward=parts)).wrap_boxed(compiled), meta
 
 
 #: The attribute of an incoming gradient's SubclassCreationMeta naming what the traced

@@ -26,7 +26,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from . import capture, counters, free_state
+from . import capture, counters, free_state, partial_backward
 from .errors import RefusalKind, SubclassWriteError
 from .values import HELD_TENSOR, MISSING, ValueKind, classify, contains_symbolic, same_value
 
@@ -142,10 +142,9 @@ class WritePlan:
     #: traced: it must still hold when the compiled backward runs (See Note [State the traced
     #: backward reads outside the tensors] in free_state.py)
     backward_free: tuple[free_state.BackwardRead, ...] = ()
-    #: (the backward's writes need every incoming gradient, need every input's gradient,
-    #: the number of incoming gradients): See Note [A backward run for part of the graph]
-    #: in aot_layer.py
-    whole_backward: tuple[bool, bool, int] | None = None
+    #: what the backward's writes need from a run for part of its graph: See Note [A
+    #: backward run for part of the graph] in partial_backward.py
+    whole_backward: partial_backward.BackwardParts | None = None
     entry_reads: tuple[EntryRead, ...] = ()
     #: symbols of the trace whose value in each call the compiled backward needs, each with
     #: where its run-time value is found: ((expression, ValueFrom, value), ...). Held by an
@@ -169,6 +168,7 @@ class WritePlan:
         return bool(
             self.backward_writes or self.backward_decisions or self.backward_checks or self.call_symbols
             or self.rebuild_gradients or self.backward_free
+            or (self.whole_backward is not None and self.whole_backward.nulls)
         )
 
     def why_not_cacheable(self) -> str | None:
@@ -438,10 +438,15 @@ class Replay:
         versions = [then._version if isinstance(then, torch.Tensor) else None for _, _, then in snapshot]
 
         free = self.plan.backward_free
-        whole = self.plan.whole_backward if writes else None
+        whole = self.plan.whole_backward
         counted = self._counted
 
+        # this run's (writes eager would not make, gradients eager leaves undefined), set
+        # by before_backward (See Note [A backward run for part of the graph] in partial_backward.py)
+        this_run: list[tuple[frozenset, frozenset]] = [partial_backward.WHOLE]
+
         def before_backward(grad_outputs: Any) -> None:
+            this_run[0] = partial_backward.WHOLE
             try:
                 check_before_backward(grad_outputs)
             except SubclassWriteError:
@@ -450,7 +455,7 @@ class Replay:
 
         def check_before_backward(grad_outputs: Any) -> None:
             if whole is not None:
-                _check_whole_backward(node, whole, grad_outputs)
+                this_run[0] = partial_backward.decide(node, whole, grad_outputs)
             for r in free:
                 if not r.holds():
                     current = r.now()
@@ -487,11 +492,11 @@ class Replay:
                     )
 
         def after_backward(grad_inputs: Any, grad_outputs: Any) -> None:
-            values = [
-                counters.evaluate(w.value, read) if w.value_from is ValueFrom.COUNTED else w.value for w in writes
-            ]
+            skipped = this_run[0][0]
+            made = [w for w in writes if (w.input_index, w.path, w.name) not in skipped]
+            values = [counters.evaluate(w.value, read) if w.value_from is ValueFrom.COUNTED else w.value for w in made]
             journal = _this_backward_journal()
-            for w, value in zip(writes, values):
+            for w, value in zip(made, values):
                 target = w.target(inputs)
                 journal.append((target, w.name, capture.obj_dict(target).get(w.name, MISSING)))
                 setattr(target, w.name, value)
@@ -512,10 +517,16 @@ class Replay:
                 RefusalKind.WRITE_IN_BACKWARD, type(node).__name__, "<flatten ctx>", "gradient",
                 context="the gradients' ctx is rebuilt on the compiled backward's node, which these outputs do not reach",
             )
-        if snapshot or decisions or free or counted or (whole is not None and (whole[0] or whole[1])):
+        if snapshot or decisions or free or counted or (whole is not None and (whole.may_refuse or whole.nulls)):
             node.register_prehook(_not_traced(before_backward))
         if writes:
             node.register_hook(_not_traced(after_backward))
+        if whole is not None and whole.nulls:
+
+            def drop_undefined(grad_inputs: Any, grad_outputs: Any) -> Any:
+                return partial_backward.drop(grad_inputs, this_run[0][1]) if this_run[0][1] else None
+
+            node.register_hook(_not_traced(drop_undefined))
 
     def wrap_boxed(self, compiled: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
         """The compiled callable AOTAutograd returns from its stage 2 (boxed: it takes one
@@ -602,31 +613,6 @@ def _undo_this_backward() -> None:
             capture.obj_dict(target).pop(name, None)
         else:
             setattr(target, name, old)
-
-
-def _check_whole_backward(node: Any, whole: tuple[bool, bool, int], grad_outputs: Any) -> None:
-    """Refuse a run of the compiled backward for part of its graph where its writes would
-    differ from eager's (See Note [A backward run for part of the graph] in aot_layer.py)."""
-    needs_every_gradient, needs_every_input, n_tangents = whole
-    why = None
-    if needs_every_gradient and sum(g is not None for g in grad_outputs) < n_tangents:
-        why = "an output of the compiled graph gets no gradient (eager's backward would not run its ops)"
-    elif needs_every_input:
-        for fn, _ in node.next_functions:
-            if fn is None:
-                continue
-            try:
-                wanted = torch._C._will_engine_execute_node(fn)
-            except RuntimeError:  # a leaf autograd.grad captures: wanted
-                wanted = True
-            if not wanted:
-                why = "the gradient of an input is not wanted (autograd.grad, backward(inputs=...)): " "eager's backward would not run the ops that compute it"
-                break
-    if why is not None:
-        raise SubclassWriteError(
-            RefusalKind.WRITE_IN_BACKWARD, "compiled backward", "<writes of the backward>", "partial backward",
-            context=why + "; the compiled backward replays the writes of the whole traced backward",
-        )
 
 
 _TRACED = object()

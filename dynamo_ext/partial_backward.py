@@ -1,0 +1,484 @@
+"""Which of the traced backward's writes eager makes when ``backward()`` runs part of it.
+
+Note [A backward run for part of the graph]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Eager's backward runs an op's backward only where a gradient reaches it (an output no loss
+uses sends none: ``ya.backward()`` leaves ``yb``'s ops alone) and only for inputs whose
+gradient is wanted (``autograd.grad(y, [x])``, ``backward(inputs=[w])``). The compiled
+backward runs whole; replaying the writes of the whole traced backward would bump a count
+where eager's ops never ran (an outside tester's find, stock too).
+
+Each dispatch call that wrote in the traced backward is known by the joint-graph nodes it
+traced (``Scope.call_nodes``). The joint's backward nodes carry the ``seq_nr`` of the autograd
+node they differentiate, so a call's node group is every backward node with its ``seq_nr``;
+the joint's placeholders and outputs carry AOTAutograd's descriptors, which give each tangent
+its output of the compiled node (``grad_outputs``) and each gradient its input
+(``next_functions``). When the compiled backward runs, its pre-hook sees which incoming
+gradients are defined and which inputs' gradients the engine will use, and sorts every
+writing call:
+
+- **runs** where a defined gradient reaches its node group and its own nodes reach a wanted
+  input's gradient. Eager's engine runs that node (it receives a defined gradient and leads
+  to a wanted input) and computes the gradient the call's op feeds. With every input's
+  gradient wanted, reaching a defined gradient is enough: the node computes what it computed
+  when traced.
+- **does not run** where (a) no defined gradient reaches its node group nor any backward node
+  upstream of it, counted group by group (a builtin op's backward with only undefined
+  gradients dispatches nothing), (b) the forward op of its group depends on no input whose
+  gradient is wanted (the engine prunes the node), or (c) the call's nodes feed only the
+  gradients of unwanted inputs, through nothing but nodes of its own group (the node's
+  formula for those edges is not computed: ``task_should_compute_output``). Each needs the
+  group to have a forward op of its own: an ``autograd.Function``'s backward has none, and
+  runs whole, with zeros where eager gives it an undefined gradient.
+- otherwise it is not known (a call whose op feeds no gradient, a Function's backward under
+  input pruning): refused, as is an attribute written by calls of both kinds (its value
+  would be the running calls' share of the count) and a skipped attribute that a running
+  call's count, a decision of the traced backward or text it wrote may have read.
+
+The written attributes of calls that do not run are left as they are; the others are set as
+for the whole backward.
+
+A compiled backward also sends a gradient to every input it traced one for: zeros where no
+defined gradient reaches it (AOTAutograd materializes a missing tangent as zeros), where eager
+sends none. Upstream, eager code or another compiled graph then runs its backward where eager's
+never ran: behind a graph break, ``yb.backward()`` ran the first graph's backward and replayed
+its count (an outside tester's find). So an input's gradient that no defined gradient reaches
+(the same reasoning as (a), on the gradient's own node) is returned as None, as eager leaves
+it, by every graph compiled while a class dispatch writes on is known; AOTAutogradCache is
+bypassed for such graphs that have no plan of their own, whose cache entries could not say
+which gradients to drop. Where the descriptors cannot be mapped (synthetic or deduplicated
+inputs, an intermediate base with a tangent, a graph without descriptors) the old rule
+stays: refused unless every call depends on every tangent and reaches every input's
+gradient. What is still refused is the mixed case; matching it needs each call's own share
+of a count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from . import counters
+from .errors import RefusalKind, SubclassWriteError
+
+_SUBCLASS_PARTS = frozenset(
+    {
+        "SubclassGetAttrAOTInput", "SubclassSizeAOTInput", "SubclassStrideAOTInput",
+        "SubclassGetAttrAOTOutput", "SubclassSizeAOTOutput", "SubclassStrideAOTOutput",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardCall:
+    """One write of a dispatch call the traced backward ran (positions: of the compiled
+    node's ``grad_outputs`` and ``next_functions``; masks: bit p for ``grad_outputs[p]``)."""
+
+    key: tuple  # (input index, path, name) written
+    #: gradients reaching the call's node group; None: the call has no node of its own
+    tangents: int | None
+    #: gradients reaching the group or any backward node upstream of it, group by group;
+    #: None where one of those groups has no forward op (an autograd.Function's backward)
+    upstream: int | None
+    gradients: frozenset[int]  # the inputs whose gradients the call's own nodes reach
+    #: the inputs requiring grad the group's forward op depends on; None: not known
+    depends_on: frozenset[int] | None
+    #: the inputs whose gradients the call's nodes reach through nothing but nodes of its
+    #: own group (its node's edges to them); None where other nodes follow
+    direct: frozenset[int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardParts:
+    """What a run of the compiled backward for part of its graph needs (See Note [A
+    backward run for part of the graph])."""
+
+    #: the old rule, applied where ``mapped`` is False: (writes need every incoming gradient,
+    #: writes need every input's gradient, the number of incoming gradients)
+    coarse: tuple[bool, bool, int]
+    mapped: bool = False
+    n_outputs: int = 0
+    n_inputs: int = 0
+    tangents: int = 0  # the incoming gradients the backward was traced with
+    gradients: frozenset[int] = frozenset()
+    calls: tuple[BackwardCall, ...] = ()
+    #: keys a written count reads: key -> the keys its expression reads
+    count_reads: tuple[tuple[tuple, frozenset], ...] = ()
+    #: keys the traced backward's decisions read, or None where everything it read was
+    #: baked in (text, containers)
+    decision_reads: frozenset | None = frozenset()
+    #: (input, the gradients reaching its gradient upstream, group by group): an input whose
+    #: gradient no defined incoming gradient reaches gets None, not zeros
+    fed_by: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def may_refuse(self) -> bool:
+        return bool(self.calls) and (self.mapped or self.coarse[0] or self.coarse[1])
+
+    @property
+    def nulls(self) -> bool:
+        """Whether some input's gradient may get no defined incoming gradient (every one
+        may, where every incoming gradient is undefined: a graph behind a graph break,
+        reached by the engine through a later graph's edges)."""
+        return bool(self.fed_by)
+
+
+# --------------------------------------------------------------------------- #
+# Compile time
+# --------------------------------------------------------------------------- #
+
+
+class _Unmapped(Exception):
+    pass
+
+
+def _base(desc: Any) -> Any:
+    while type(desc).__name__ in _SUBCLASS_PARTS:
+        desc = desc.base
+    return desc
+
+
+def _below(start: Iterable[Any]) -> set[Any]:
+    seen, stack = set(start), list(start)
+    while stack:
+        for user in stack.pop().users:
+            if user not in seen:
+                seen.add(user)
+                stack.append(user)
+    return seen
+
+
+def _flat(value: Any) -> Iterable[Any]:
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _flat(v)
+    else:
+        yield value
+
+
+def _bits(positions: Iterable[int]) -> int:
+    mask = 0
+    for p in positions:
+        mask |= 1 << p
+    return mask
+
+
+def coarse_needs(graph: Any, calls: Sequence[tuple[str, ...] | None]) -> tuple[bool, bool, int]:
+    """Whether every writing call depends on every tangent and reaches every input's
+    gradient (the rule where positions are not known). Returns (needs every incoming
+    gradient, needs every input's gradient, the number of incoming gradients)."""
+    if graph is None:
+        return True, True, 0
+    nodes = {n.name: n for n in graph.nodes}
+    tangents = [n for n in graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
+    output = next((n for n in graph.nodes if n.op == "output"), None)
+    from_tangent = [_below([t]) for t in tangents]
+    reached_by_any = set().union(*from_tangent) if from_tangent else set()
+    outs = [o for o in _flat(output.args if output is not None else ()) if isinstance(o, torch.fx.Node)]
+    gradients = {o for o in outs if o in reached_by_any}
+    every_tangent = every_gradient = True
+    for names in calls:
+        mine = [nodes[n] for n in names or () if n in nodes]
+        if not mine:
+            return True, True, len(tangents)
+        if not all(any(n in reach for n in mine) for reach in from_tangent):
+            every_tangent = False
+        if not gradients <= _below(mine):
+            every_gradient = False
+    return not every_tangent, not every_gradient, len(tangents)
+
+
+class _Joint:
+    """The joint graph's tangents, gradients and autograd-node groups as positions of the
+    compiled node; raises _Unmapped where the descriptors do not give them."""
+
+    def __init__(self, graph: Any, meta: Any) -> None:
+        self.nodes = nodes = list(graph.nodes)
+        self.by_name = {n.name: n for n in nodes}
+        placeholders = [n for n in nodes if n.op == "placeholder"]
+        if any(n.meta.get("desc") is None for n in placeholders):
+            raise _Unmapped
+        tangent_nodes = [n for n in placeholders if type(_base(n.meta["desc"])).__name__ == "TangentAOTInput"]
+        primals = [n for n in placeholders if n not in tangent_nodes]
+
+        # inputs: the compiled node's arguments in order; next_functions has one per tensor
+        bases: list[Any] = []
+        tensors: set[Any] = set()
+        for n in primals:
+            b = _base(n.meta["desc"])
+            if type(b).__name__ != "PlainAOTInput":
+                raise _Unmapped  # parameters lifted by AOTAutograd, synthetic bases, tokens
+            if not bases or bases[-1] != b:
+                if b in bases:
+                    raise _Unmapped
+                bases.append(b)
+            if isinstance(n.meta.get("val"), torch.Tensor):
+                tensors.add(b)
+        if [b.idx for b in bases] != list(range(len(bases))) or len(meta.input_info) != len(bases):
+            raise _Unmapped  # deduplicated inputs
+        input_of = {b: k for k, b in enumerate(b for b in bases if b in tensors)}
+        self.n_inputs = len(input_of)
+        requires_grad = {input_of[b] for b in bases if b in tensors and meta.input_info[b.idx].requires_grad}
+        primal_bit = {n: 1 << input_of[_base(n.meta["desc"])] for n in primals if _base(n.meta["desc"]) in input_of}
+        primal_bit = {n: bit for n, bit in primal_bit.items() if bit.bit_length() - 1 in requires_grad}
+
+        # outputs: mutated inputs, the user's outputs, intermediate bases
+        n_mutated = meta.num_mutated_inp_runtime_indices
+        mutated = list(meta.mutated_inp_runtime_indices)
+        self.n_outputs = n_mutated + meta.num_outputs + meta.num_intermediate_bases
+        self.tangent_of: dict[Any, int] = {}
+        for t in tangent_nodes:
+            d = _base(_base(t.meta["desc"]).output)
+            kind = type(d).__name__
+            if kind == "PlainAOTOutput":
+                self.tangent_of[t] = n_mutated + d.idx
+            elif kind == "InputMutationAOTOutput" and type(_base(d.mutated_input)).__name__ == "PlainAOTInput":
+                self.tangent_of[t] = mutated.index(_base(d.mutated_input).idx)
+            else:
+                raise _Unmapped  # an intermediate base
+        self.unknown = 1 << self.n_outputs  # a group whose runs are not known
+
+        output = next(n for n in nodes if n.op == "output")
+        leaves = list(_flat(output.args))
+        descs = output.meta.get("desc")
+        if descs is None or len(descs) != len(leaves):
+            raise _Unmapped
+        self.gradient_of: dict[Any, set[int]] = {}
+        for leaf, desc in zip(leaves, descs):
+            d = _base(desc) if desc is not None else None
+            if type(d).__name__ != "GradAOTOutput" or not isinstance(leaf, torch.fx.Node):
+                continue
+            pos = input_of.get(_base(d.grad_of))
+            if pos is None:
+                raise _Unmapped
+            self.gradient_of.setdefault(leaf, set()).add(pos)
+
+        # autograd-node groups: backward nodes by the seq_nr of the forward op they differentiate
+        self.groups: dict[Any, list[Any]] = {}
+        self.forward_ops: dict[Any, list[Any]] = {}
+        for n in nodes:
+            if n.op == "call_function" and n.meta.get("seq_nr") is not None:
+                (self.forward_ops if self._forward(n) else self.groups).setdefault(n.meta["seq_nr"], []).append(n)
+
+        # masks, in topological order: ``reach`` the tangents a node depends on; ``up`` the
+        # same with every group a node depends on taken whole; ``needs`` the inputs
+        # requiring grad a forward node depends on
+        self.reach: dict[Any, int] = {}
+        self.needs: dict[Any, int] = {}
+        for n in nodes:
+            if n in self.tangent_of:
+                self.reach[n] = 1 << self.tangent_of[n]
+            elif n in primal_bit:
+                self.needs[n] = primal_bit[n]
+            else:
+                args = n.all_input_nodes
+                self.reach[n] = _or(self.reach.get(a, 0) for a in args)
+                self.needs[n] = _or(self.needs.get(a, 0) for a in args)
+        self.group_up: dict[Any, int] = {}
+        while True:
+            self.up: dict[Any, int] = {}
+            for n in nodes:
+                if n in self.tangent_of:
+                    self.up[n] = 1 << self.tangent_of[n]
+                    continue
+                if n.op == "placeholder" or self._forward(n):
+                    continue
+                mask = _or(self.up.get(a, 0) for a in n.all_input_nodes)
+                if n.op == "call_function":
+                    seq = n.meta.get("seq_nr")
+                    mask |= self.unknown if seq is None or not self.forward_ops.get(seq) else self.group_up.get(seq, 0)
+                self.up[n] = mask
+            grown = {seq: _or(self.up.get(n, 0) for n in ops) for seq, ops in self.groups.items()}
+            if grown == self.group_up:
+                break
+            self.group_up = grown
+
+    @staticmethod
+    def _forward(n: Any) -> bool:
+        return n.meta.get("partitioner_tag") == "is_forward"
+
+    def _accumulates(self, n: Any) -> bool:
+        """An add the engine made summing an input's gradients from several nodes (no
+        forward op of its own; an autograd.Function's backward ops carry no tag)."""
+        return (
+            n.target is torch.ops.aten.add.Tensor
+            and n.meta.get("partitioner_tag") == "is_backward"
+            and not self.forward_ops.get(n.meta.get("seq_nr"))
+            and all(u.op == "output" or self._accumulates(u) for u in n.users)
+        )
+
+    def positions(self, mask: int) -> frozenset[int]:
+        return frozenset(i for i in range(mask.bit_length()) if mask >> i & 1)
+
+    def call(self, key: tuple, names: tuple[str, ...] | None) -> BackwardCall:
+        mine = [self.by_name[n] for n in names or () if n in self.by_name]
+        seqs = {n.meta.get("seq_nr") for n in mine}
+        if not mine or None in seqs:
+            return BackwardCall(key, None, None, frozenset(), None)
+        group = set(mine).union(*(self.groups.get(s, []) for s in seqs))
+        reach = _below(mine)
+        gradients = frozenset(p for leaf, ps in self.gradient_of.items() if leaf in reach for p in ps)
+        builtin = all(self.forward_ops.get(s) for s in seqs)
+        upstream = _or(self.group_up.get(s, 0) for s in seqs) | _or(self.up.get(n, 0) for n in mine)
+        needs = [_or(self.needs.get(n, 0) for n in self.forward_ops.get(s, ())) for s in seqs]
+        own = all(n in group or n.op == "output" or self._accumulates(n) for n in reach)
+        return BackwardCall(
+            key,
+            tangents=_or(self.reach.get(n, 0) for n in group),
+            upstream=None if not builtin or upstream & self.unknown else upstream,
+            gradients=gradients,
+            depends_on=self.positions(_or(needs)) if builtin and all(needs) else None,
+            direct=gradients if own and builtin and len(seqs) == 1 else None,
+        )
+
+    def fed_by(self) -> tuple[tuple[int, int], ...]:
+        """Each input's gradient with the incoming gradients that reach it upstream (inputs
+        where that is not known, or whose gradient depends on none, are left out)."""
+        masks: dict[int, int] = {}
+        for leaf, ps in self.gradient_of.items():
+            mask = self.up.get(leaf, self.reach.get(leaf, 0))
+            for p in ps:
+                masks[p] = masks.get(p, 0) | (mask if mask else self.unknown)
+        return tuple((p, m) for p, m in sorted(masks.items()) if not m & self.unknown)
+
+
+def _or(masks: Iterable[int]) -> int:
+    out = 0
+    for m in masks:
+        out |= m
+    return out
+
+
+def analyse(
+    graph: Any,
+    events: Sequence[tuple[tuple, tuple[str, ...] | None]],
+    fw_metadata: Any,
+    count_reads: dict[tuple, frozenset] | None = None,
+    decision_reads: frozenset | None = frozenset(),
+) -> BackwardParts:
+    """The parts of the joint graph each write of the traced backward needs, and which
+    inputs' gradients may get no defined incoming gradient. ``events``: (key written, the
+    names of the graph nodes its dispatch call traced)."""
+    coarse = coarse_needs(graph, [names for _, names in events])
+    if graph is None or fw_metadata is None:
+        return BackwardParts(coarse)
+    try:
+        joint = _Joint(graph, fw_metadata)
+    except (_Unmapped, AttributeError, TypeError, ValueError, IndexError):  # descriptors of another shape
+        return BackwardParts(coarse)
+    return BackwardParts(
+        coarse,
+        mapped=True,
+        n_outputs=joint.n_outputs,
+        n_inputs=joint.n_inputs,
+        tangents=_or(1 << p for p in joint.tangent_of.values()),
+        gradients=frozenset(p for ps in joint.gradient_of.values() for p in ps),
+        calls=tuple(joint.call(key, names) for key, names in events),
+        count_reads=tuple((count_reads or {}).items()),
+        decision_reads=decision_reads,
+        fed_by=joint.fed_by(),
+    )
+
+
+# --------------------------------------------------------------------------- #
+# Run time
+# --------------------------------------------------------------------------- #
+
+
+def _wanted(fn: Any) -> bool:
+    if fn is None:
+        return False
+    try:
+        return torch._C._will_engine_execute_node(fn)
+    except RuntimeError:  # a leaf autograd.grad captures: wanted
+        return True
+
+
+def _refuse(why: str) -> SubclassWriteError:
+    return SubclassWriteError(
+        RefusalKind.WRITE_IN_BACKWARD, "compiled backward", "<writes of the backward>", "partial backward",
+        context=why + "; the compiled backward runs whole and replays the traced backward's writes",
+    )
+
+
+WHOLE = (frozenset(), frozenset())
+
+
+def decide(node: Any, parts: BackwardParts, grad_outputs: Sequence[Any]) -> tuple[frozenset[tuple], frozenset[int]]:
+    """For this run of the compiled backward: (the keys of the backward's writes eager's
+    backward would not make, the inputs whose gradients eager leaves undefined), usually
+    both empty; raises where the writes are not known."""
+    defined = _bits(i for i, g in enumerate(grad_outputs) if g is not None)
+    nexts = node.next_functions
+    if not parts.mapped or len(grad_outputs) != parts.n_outputs or len(nexts) != parts.n_inputs:
+        return _coarse(node, parts.coarse, grad_outputs), frozenset()
+    every_tangent = parts.tangents & defined == parts.tangents
+    if every_tangent and not parts.calls:
+        return WHOLE
+    nulled = frozenset() if every_tangent else frozenset(j for j, mask in parts.fed_by if not mask & defined)
+    if not parts.calls:
+        return frozenset(), nulled
+    wanted = {j for j, (fn, _) in enumerate(nexts) if _wanted(fn)}
+    every_input = parts.gradients <= wanted
+    if every_tangent and every_input:
+        return WHOLE
+    runs: set[tuple] = set()
+    skipped: set[tuple] = set()
+    for c in parts.calls:
+        if c.tangents is not None and c.tangents & defined and (every_input or c.gradients & wanted):
+            runs.add(c.key)
+        elif c.depends_on is not None and (
+            (c.tangents and c.upstream is not None and not c.upstream & defined)
+            or not c.depends_on & wanted
+            or (c.direct and not c.direct & wanted)
+        ):
+            skipped.add(c.key)
+        else:
+            raise _refuse(
+                f"whether eager's backward runs the dispatch call that writes {c.key[2]!r} is not known "
+                "when part of the graph runs (an output gets no gradient, or an input's gradient is not wanted)"
+            )
+    both = runs & skipped
+    if both:
+        raise _refuse(
+            f"eager's backward would run some of the dispatch calls that write {sorted(k[2] for k in both)} "
+            "and not others (an output gets no gradient, or an input's gradient is not wanted)"
+        )
+    if skipped and runs:
+        reads = set().union(*(r for k, r in parts.count_reads if k in runs)) if parts.count_reads else set()
+        if parts.decision_reads is None or (reads | parts.decision_reads) & skipped:
+            raise _refuse(
+                f"what the backward writes on {sorted(k[2] for k in runs)} may read what the calls eager's "
+                f"backward would not run write on {sorted(k[2] for k in skipped)}"
+            )
+    return frozenset(skipped), nulled
+
+
+def _coarse(node: Any, coarse: tuple[bool, bool, int], grad_outputs: Sequence[Any]) -> frozenset[tuple]:
+    needs_every_gradient, needs_every_input, n_tangents = coarse
+    if needs_every_gradient and sum(g is not None for g in grad_outputs) < n_tangents:
+        raise _refuse("an output of the compiled graph gets no gradient (eager's backward would not run its ops)")
+    if needs_every_input and not all(_wanted(fn) for fn, _ in node.next_functions if fn is not None):
+        raise _refuse(
+            "the gradient of an input is not wanted (autograd.grad, backward(inputs=...)): "
+            "eager's backward would not run the ops that compute it"
+        )
+    return frozenset()
+
+
+def drop(grad_inputs: Sequence[Any], nulled: frozenset[int]) -> tuple[Any, ...]:
+    return tuple(None if j in nulled else g for j, g in enumerate(grad_inputs))
+
+
+def count_reads_of(writes: Sequence[Any]) -> dict[tuple, frozenset]:
+    """For each count the backward writes (a PlannedWrite whose value is counted), the keys
+    its expression reads."""
+    from .plan import ValueFrom
+
+    return {
+        (w.input_index, w.path, w.name): frozenset(counters.reads_in(w.value))
+        for w in writes
+        if w.value_from is ValueFrom.COUNTED
+    }
