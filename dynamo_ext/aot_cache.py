@@ -44,7 +44,7 @@ import logging
 import weakref
 from typing import Any, Callable
 
-from . import aot_layer, capture, config
+from . import aot_layer, capture, config, partial_backward
 from .plan import Replay, WritePlan, plain, state_mismatch
 from .values import GRAPH_VALUE
 
@@ -153,10 +153,10 @@ def make_try_load_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def try_load(mod: Any, args: Any, aot_config: Any, *rest: Any, **kwargs: Any) -> Any:
         planner = aot_layer.pending()
-        if planner is None and capture.registered_classes():
+        if planner is None and partial_backward.backward_writes_seen():
             # an entry could not say which gradients the compiled backward leaves undefined
             # (See Note [A backward run for part of the graph] in partial_backward.py)
-            _bypass("a graph without a plan, compiled once a class dispatch writes on is known")
+            _bypass("a graph without a plan, compiled once a compiled backward that writes is known")
             return None, aot_config
         if planner is None:
             return original(mod, args, aot_config, *rest, **kwargs)

@@ -652,6 +652,8 @@ class Planner:
                     raise SubclassWriteError(kind, t.cls_name, w.name, type(w.value).__name__, why)
         self.backward = list(late.values())
         self._late = []
+        if self.backward:
+            partial_backward.note_backward_writes()
         if self.backward and _checkpointed(self.joint_graph):
             w = self.backward[0]
             raise SubclassWriteError(
@@ -1742,11 +1744,11 @@ def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _without_plan(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Stage 2 of a graph with no subclass of its own: once a class dispatch writes on is
-    known, an input's gradient no defined incoming gradient reaches is returned as None, as
+    """Stage 2 of a graph with no subclass of its own: once a compiled backward that writes
+    is known, an input's gradient no defined incoming gradient reaches is returned as None, as
     eager leaves it, not zeros (See Note [A backward run for part of the graph] in
     partial_backward.py)."""
-    if not capture.registered_classes():
+    if not partial_backward.backward_writes_seen():
         return original(*args, **kwargs)
     state = args[0] if args else kwargs.get("aot_state")
     capture_ = args[1] if len(args) > 1 else kwargs.get("aot_graph_capture")

@@ -44,9 +44,12 @@ sends none. Upstream, eager code or another compiled graph then runs its backwar
 never ran: behind a graph break, ``yb.backward()`` ran the first graph's backward and replayed
 its count (an outside tester's find). So an input's gradient that no defined gradient reaches
 (the same reasoning as (a), on the gradient's own node) is returned as None, as eager leaves
-it, by every graph compiled while a class dispatch writes on is known; AOTAutogradCache is
-bypassed for such graphs that have no plan of their own, whose cache entries could not say
-which gradients to drop. Where the descriptors cannot be mapped (synthetic or deduplicated
+it, once a plan whose backward writes has been made in the process (``note_backward_writes``);
+AOTAutogradCache is then bypassed for graphs that have no plan of their own, whose cache
+entries could not say which gradients to drop. Not covered: an ``autograd.Function`` (or
+activation checkpointing) run eagerly behind a graph break, which the engine reaches through
+the later graph's edge and runs with zeros where eager's backward never reaches it (stock
+alike). Where the descriptors cannot be mapped (synthetic or deduplicated
 inputs, an intermediate base with a tangent, a graph without descriptors) the old rule
 stays: refused unless every call depends on every tangent and reaches every input's
 gradient. What is still refused is the mixed case; matching it needs each call's own share
@@ -123,6 +126,20 @@ class BackwardParts:
         may, where every incoming gradient is undefined: a graph behind a graph break,
         reached by the engine through a later graph's edges)."""
         return bool(self.fed_by)
+
+
+_WRITERS_SEEN = False
+
+
+def note_backward_writes() -> None:
+    """A plan whose compiled backward writes was made in this process: from now on every
+    compiled backward drops the gradients eager leaves undefined."""
+    global _WRITERS_SEEN
+    _WRITERS_SEEN = True
+
+
+def backward_writes_seen() -> bool:
+    return _WRITERS_SEEN
 
 
 # --------------------------------------------------------------------------- #

@@ -439,6 +439,7 @@ class Replay:
 
         free = self.plan.backward_free
         whole = self.plan.whole_backward
+        drops = whole is not None and whole.nulls and partial_backward.backward_writes_seen()
         counted = self._counted
 
         # this run's (writes eager would not make, gradients eager leaves undefined), set
@@ -517,11 +518,11 @@ class Replay:
                 RefusalKind.WRITE_IN_BACKWARD, type(node).__name__, "<flatten ctx>", "gradient",
                 context="the gradients' ctx is rebuilt on the compiled backward's node, which these outputs do not reach",
             )
-        if snapshot or decisions or free or counted or (whole is not None and (whole.may_refuse or whole.nulls)):
+        if snapshot or decisions or free or counted or drops or (whole is not None and whole.may_refuse):
             node.register_prehook(_not_traced(before_backward))
         if writes:
             node.register_hook(_not_traced(after_backward))
-        if whole is not None and whole.nulls:
+        if drops:
 
             def drop_undefined(grad_inputs: Any, grad_outputs: Any) -> Any:
                 return partial_backward.drop(grad_inputs, this_run[0][1]) if this_run[0][1] else None
