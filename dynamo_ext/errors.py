@@ -131,7 +131,8 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         Refusal(
             RefusalKind.WRITE_IN_BACKWARD,
             "A write made in the backward that cannot be replayed when the compiled backward runs "
-            "(a gradient's ctx value unknown at run time; a backward run for part of the graph; "
+            "(a gradient's ctx value unknown at run time; a backward for part of the graph where eager runs "
+            "some calls writing one attribute, or it cannot tell; "
             "checkpointing or saved-tensor hooks).",
             "dynamo_ext replays a backward write when the compiled backward runs if its value is a "
             "constant or an int computed from the state the backward read, and the forward does "
@@ -235,7 +236,7 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         Refusal(
             RefusalKind.DISPATCH_RAISED,
             "Dispatch raised an exception while traced, or caught one torch raised (a budget check; "
-            "`divmod` or numpy on a count or size that became symbolic; a branch on tensor data; "
+            "`divmod` or numpy on a symbolic count or size; a branch on tensor data; "
             "`numpy()` on a traced tensor).",
             "In eager the exception leaves the state dispatch wrote before raising; a compiled "
             "program cannot raise it at run time, nor branch on tensor data while traced. The op "
