@@ -1460,18 +1460,58 @@ def make_backward_error_hook(original: Callable[..., Any]) -> Callable[..., Any]
     """Replacement for ``MetaConverter._backward_error``. Faking a subclass that requires
     grad and is no leaf (a graph-break resume's input, an AOTAutograd input) gives the fake
     an autograd history, which runs its dispatch (``detach``) outside any trace: a write
-    there on a registered state object its ctx holds (the real one) is put back."""
+    there on a registered state object its ctx holds (the real one) is put back, and so are
+    the fake's inner tensors (See Note [A fake copy's inner tensors])."""
 
     @functools.wraps(original)
     def _backward_error(cls: type, t: Any) -> Any:
         held = [(o, dict(vars(o))) for _, o in find_state(t)]
         try:
-            return original(cls, t)
+            made = original(cls, t)
         finally:
             for o, before in held:
                 now = vars(o)
                 if now.keys() != before.keys() or any(now[k] is not v for k, v in before.items()):
                     now.clear()
                     now.update(before)
+        _keep_inner_tensors(t, made)
+        return made
 
     return _backward_error
+
+
+# Note [A fake copy's inner tensors]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The fake of a subclass input that requires grad and is no leaf (a graph-break resume's
+# input: a result of the earlier graph) gets its autograd history from an op run through
+# the class's own dispatch (``MetaConverter._backward_error``), which builds a new instance.
+# A dispatch that wraps its result fresh (``cache = elem`` in ``__new__``) gives that
+# instance other inner tensors than the input holds: the fake's ``cache`` is its ``elem``
+# where the real input's is a distinct tensor, AOTAutograd traces the op on ``elem`` from
+# the placeholder it flattened ``cache`` to, and at run time the compiled graph computes
+# with the real ``cache`` (an outside tester's fuzz find; stock torch alike). The fake keeps
+# the inner tensors the input's fake was built with, where their aliasing differs.
+
+
+def _keep_inner_tensors(fake: Any, made: Any) -> None:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if type(made) is not type(fake) or not is_traceable_wrapper_subclass(fake):
+        return
+    try:
+        names = list(fake.__tensor_flatten__()[0])
+        got = list(made.__tensor_flatten__()[0])
+    except Exception:  # noqa: BLE001 - a flatten that fails on the copy: left to torch
+        return
+    inner = [getattr(fake, n) for n in names]
+    if got == names and _aliasing(inner) == _aliasing([getattr(made, n) for n in got]):
+        return
+    d = obj_dict(made)
+    for n, value in zip(names, inner):
+        d[n] = value
+
+
+def _aliasing(tensors: list[Any]) -> list[int]:
+    """For each tensor, the first position holding the same object."""
+    ids = [id(t) for t in tensors]
+    return [ids.index(i) for i in ids]

@@ -711,3 +711,66 @@ def test_torch_2_13_crash_on_a_nested_subclass_view(enabled):
     expected = ["ran", "IndexError", "ran"] if torch.__version__.startswith("2.13.") else ["ran"] * 3
     assert outcomes == expected
 
+
+
+# ------------------------------------------------------------------ a graph-break resume's input whose cache is no longer elem
+
+
+class TogglesItsCache(S.WritingTensor):
+    """``cache`` starts as ``elem`` (a fresh result wraps one tensor under both names); ``mul``
+    replaces it with a rounded copy and computes with it, other ops compute with ``elem``."""
+
+    INNER = ("elem", "cache")
+
+    @staticmethod
+    def __new__(cls, elem, requires_grad=False, **attrs):
+        r = S.WritingTensor.__new__(cls, elem, requires_grad, **attrs)
+        r.cache = elem
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is aten.mul.Tensor and isinstance(args[0], cls):
+            x = args[0]
+            x.cache = x.elem.to(torch.bfloat16).to(x.elem.dtype) if x.cache is x.elem else x.elem
+            return cls(x.cache * (args[1].cache if isinstance(args[1], cls) else args[1]))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("how", ["graph_break", "second_function"])
+def test_a_non_leaf_input_whose_cache_is_not_its_elem(backend, how):
+    """Note [A fake copy's inner tensors]: a result that requires grad reaches a later graph
+    (behind a graph break, or a second compiled function) holding a ``cache`` distinct from
+    its ``elem``. Its fake was given autograd history through the class's dispatch, which
+    wrapped ``elem`` under both names: the compiled graph computed ``v @ w`` with the real
+    ``cache`` (stock torch alike, for any such class)."""
+
+    def head(x):
+        v = x @ x
+        return v, v * v
+
+    def tail(v, x):
+        return v @ x
+
+    def whole(x):
+        v, v2 = head(x)
+        if how == "graph_break":
+            torch._dynamo.graph_break()
+        return v, v2, tail(v, x)
+
+    def run(compile_):
+        torch.manual_seed(0)
+        x = TogglesItsCache(torch.randn(3, 3) * 10, requires_grad=True)
+        if how == "graph_break":
+            return x, compile_(whole)(x)
+        v, v2 = compile_(head)(x)
+        return x, (v, v2, compile_(tail)(v, x))
+
+    torch._dynamo.reset()
+    xe, eager = run(lambda f: f)
+    xc, compiled = run(lambda f: torch.compile(f, backend=backend))
+    assert eager[0].cache is not eager[0].elem  # the later graph's input: cache toggled
+    for e, c in zip(eager, compiled):
+        torch.testing.assert_close(c.elem, e.elem, rtol=0, atol=0)
+        assert_same_state(e, c)
