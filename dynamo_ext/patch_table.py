@@ -158,7 +158,8 @@ TABLE: list[Patch] = [
         why="Faking a non-leaf subclass that requires grad (a graph-break resume's input, an "
         "AOTAutograd input) fakes its autograd history through its dispatch (detach), outside any "
         "trace: a write there on a registered state object its ctx holds, the real one, is put "
-        "back. From torch 2.14 also See Note [A pending DTensor mask in a fake copy]: the fake "
+        "back, and the copy keeps the inner tensors the input's fake holds (See Note [A fake copy's "
+        "inner tensors] in capture.py). From torch 2.14 also See Note [A pending DTensor mask in a fake copy]: the fake "
         "copy of a partial DTensor that requires grad would apply the caller's real mask to a fake.",
     ),
     Patch(
