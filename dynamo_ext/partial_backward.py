@@ -303,7 +303,7 @@ class _Joint:
                 if n.op == "placeholder" or self._forward(n):
                     continue
                 mask = _or(self.up.get(a, 0) for a in n.all_input_nodes)
-                if n.op == "call_function":
+                if n.op == "call_function" and not self._sums(n):
                     seq = n.meta.get("seq_nr")
                     mask |= self.unknown if seq is None or not self.forward_ops.get(seq) else self.group_up.get(seq, 0)
                 self.up[n] = mask
@@ -316,15 +316,19 @@ class _Joint:
     def _forward(n: Any) -> bool:
         return n.meta.get("partitioner_tag") == "is_forward"
 
-    def _accumulates(self, n: Any) -> bool:
-        """An add the engine made summing an input's gradients from several nodes (no
-        forward op of its own; an autograd.Function's backward ops carry no tag)."""
+    def _sums(self, n: Any) -> bool:
+        """An add the engine made summing the gradients several nodes send one tensor (no
+        forward op of its own; an autograd.Function's backward ops carry no tag): defined
+        where one of them is."""
         return (
             n.target is torch.ops.aten.add.Tensor
             and n.meta.get("partitioner_tag") == "is_backward"
             and not self.forward_ops.get(n.meta.get("seq_nr"))
-            and all(u.op == "output" or self._accumulates(u) for u in n.users)
         )
+
+    def _accumulates(self, n: Any) -> bool:
+        """Such an add summing an input's gradient (its result is the gradient)."""
+        return self._sums(n) and all(u.op == "output" or self._accumulates(u) for u in n.users)
 
     def positions(self, mask: int) -> frozenset[int]:
         return frozenset(i for i in range(mask.bit_length()) if mask >> i & 1)

@@ -732,12 +732,20 @@ def _behind_two_breaks(x, w, v):
     return h.sum(), (x * v).sum()
 
 
+def _behind_two_uses(x, w, v):
+    h = x * w
+    torch._dynamo.graph_break()
+    a, b = h * 2, h.sin()  # two outputs: h's gradient summed from two nodes
+    torch._dynamo.graph_break()
+    return (a + b).sum(), (x * v).sum()
+
+
 _PART_PROGRAMS = {
     "two_losses": _two_losses, "shared_weight": _shared_weight, "chained": _chained,
     "through_a_function": _through_a_function, "transposed": _transposed,
-    "behind_a_break": _behind_a_break, "behind_two_breaks": _behind_two_breaks,
+    "behind_a_break": _behind_a_break, "behind_two_breaks": _behind_two_breaks, "behind_two_uses": _behind_two_uses,
 }
-_PART_BREAKS = {"through_a_function", "behind_a_break", "behind_two_breaks"}
+_PART_BREAKS = {"through_a_function", "behind_a_break", "behind_two_breaks", "behind_two_uses"}
 _PART_RUNS = {
     "ya_backward": lambda ya, yb, x, w, v: ya.backward(),
     "yb_backward": lambda ya, yb, x, w, v: yb.backward(),
@@ -757,7 +765,7 @@ _PART_EXACT = {
     ("shared_weight", "sum_backward"), ("transposed", "yb_backward"),
     ("transposed", "sum_backward"), ("transposed", "grad_sum_v"),
 } | {
-    (p, r) for p in ("behind_a_break", "behind_two_breaks") for r in _PART_RUNS
+    (p, r) for p in ("behind_a_break", "behind_two_breaks", "behind_two_uses") for r in _PART_RUNS
 }
 
 
