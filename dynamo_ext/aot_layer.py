@@ -50,6 +50,7 @@ import torch.utils._pytree as pytree
 from . import capture, config, counters, free_state, guards, handoff, partial_backward
 from .capture import Scope, Tracked, Write
 from .errors import RefusalKind, SubclassWriteError
+from . import plan as plan_mod
 from .plan import SYMBOL_VALUES_ATTR, WHOLE_OUTPUT, EntryRead, PlannedWrite, ReadKind, Replay, ValueFrom, WritePlan, resolve_symbolic
 _NOT_WRITTEN: Any = object()  # Planner.answer_backward: a name the forward did not write
 
@@ -531,6 +532,12 @@ class Planner:
             # which names the instance holds: the entry state's (guarded in the forward), and
             # those the forward wrote, which the traced instance holds again
             self._guard(t, name, None)
+            if name is capture.KEYS:
+                # Note [The instance dict read in the traced backward]: code probing it
+                # (``self.__dict__.get("n", 0)``, ``"flag" in vars(self)``) read which names
+                # there are; a name written between the forward and the backward (a retained
+                # graph's first backward) changes that
+                self.backward_checks[(t.data.index, t.data.path, plan_mod.DICT_KEYS)] = "value"
             return None
         if not isinstance(name, str):
             return None
@@ -593,6 +600,11 @@ class Planner:
         else:
             self._guard(t, name, value)
             self.backward_checks[key] = "value"
+            if capture.obj_dict(t.obj).get(name, MISSING) is not value:
+                # the instance dict holds what the read answered (code reading it whole:
+                # See Note [The instance dict read in the traced backward])
+                capture.obj_dict(t.obj)[name] = value
+                t.expected[name] = value
         t.settled.add(name)
         return value
 

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import capture, counters, free_state, partial_backward
 from .errors import RefusalKind, SubclassWriteError
-from .values import HELD_TENSOR, MISSING, ValueKind, classify, contains_symbolic, same_value
+from .values import HELD_TENSOR, MISSING, ValueKind, classify, contains_symbolic, same_value, user_state
 
 
 class ValueFrom(enum.Enum):
@@ -421,7 +421,10 @@ class Replay:
             return type(capture.follow(inputs[key[0]], key[1])).__name__
 
         def now(key: tuple) -> Any:
-            return capture.eager_lookup(capture.follow(inputs[key[0]], key[1]), key[2])[0]
+            holder = capture.follow(inputs[key[0]], key[1])
+            if key[2] == DICT_KEYS:
+                return frozenset(user_state(capture.obj_dict(holder)))
+            return capture.eager_lookup(holder, key[2])[0]
 
         # what the forward left: the compiled backward runs with these
         snapshot = []
@@ -628,6 +631,10 @@ def _shown(r: free_state.BackwardRead, value: Any = _TRACED) -> str:
         return f"function {value[1]}"
     return repr(value)
 
+
+#: The name a backward check of which names an instance dict holds goes by (See Note [The
+#: instance dict read in the traced backward] in aot_layer.py).
+DICT_KEYS = "__dict__"
 
 #: The attribute of a compiled backward's autograd node holding one call's values of the
 #: plan's ``call_symbols``: {expression: value}.

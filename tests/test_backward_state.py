@@ -1317,3 +1317,62 @@ def test_a_backward_count_under_saved_tensor_hooks(hooks, fullgraph):
         compiled(x, wc)
     assert info.value.kind is RefusalKind.WRITE_IN_BACKWARD and "saved-tensor hooks" in str(info.value)
     assert wc.bw == 1
+
+
+class GatesOnItsDict(Weight):
+    """The backward's ops read the instance dict itself: a user flag, a count it creates."""
+
+    MODE = "gate"
+
+    @staticmethod
+    def backward_op(w, out):
+        d = w.__dict__ if GatesOnItsDict.MODE != "vars" else vars(w)
+        if GatesOnItsDict.MODE in ("gate", "vars"):
+            if d.get("track"):
+                w.bw = getattr(w, "bw", 0) + 1
+        elif GatesOnItsDict.MODE == "value":
+            w.bw = getattr(w, "bw", 0) + (5 if d.get("track") else 1)
+        elif GatesOnItsDict.MODE == "index":
+            if d["track"]:
+                w.bw = getattr(w, "bw", 0) + 1
+        else:  # "created": a count only the backward creates, read through the dict
+            w.created = d.get("created", 0) + 1
+        return out
+
+
+@pytest.mark.parametrize("mode", ["gate", "vars", "value", "index", "created"])
+def test_the_instance_dict_read_in_the_backward(mode):
+    """Note [The instance dict read in the traced backward]: it holds what eager's holds (a
+    flag the user set: the write it gates was dropped, or ``KeyError``), and which names it
+    holds must not change before the compiled backward runs (a retained graph's second
+    backward found the count its first one created through the dict, and wrote 1 again).
+    An outside tester's find."""
+    GatesOnItsDict.MODE = mode
+    retained = mode == "created"
+
+    def run(f):
+        w = GatesOnItsDict(torch.ones(3))
+        w.track = True
+        seen = []
+        for _ in range(3):
+            x = torch.ones(3, requires_grad=True)
+            y = f(x, w)
+            y.backward(retain_graph=retained)
+            seen.append({k: v for k, v in w.__dict__.items() if k != "elem"})
+            if retained:
+                try:
+                    y.backward()
+                    seen.append(w.__dict__.get("created"))
+                except SubclassWriteError as e:
+                    assert e.kind is RefusalKind.CHANGED_BEFORE_BACKWARD and "__dict__" in str(e), e
+                    seen.append("refused")
+                    return seen
+        return seen
+
+    torch._dynamo.reset()
+    eager = run(fn)
+    compiled = run(torch.compile(fn, backend="aot_eager", fullgraph=True))
+    if retained:  # the first backward as eager's; the second, which finds the count, refused
+        assert compiled == [eager[0], "refused"] and eager[1] == 2
+    else:
+        assert compiled == eager and eager[-1]["bw"] == (15 if mode == "value" else 3)
