@@ -600,11 +600,17 @@ class Planner:
         else:
             self._guard(t, name, value)
             self.backward_checks[key] = "value"
+            if isinstance(value, PLAIN_MUTABLE):
+                # a copy, as the forward hands out: changed in place (``self.hist.append``),
+                # it is a write the compiled backward cannot replay, refused; the real one was
+                # appended to while traced, at the compiled forward's call (an outside tester's find)
+                copied = trace_copy(value)
+                if copied is not MISSING:
+                    value = copied
             if capture.obj_dict(t.obj).get(name, MISSING) is not value:
                 # the instance dict holds what the read answered (code reading it whole:
                 # See Note [The instance dict read in the traced backward])
-                capture.obj_dict(t.obj)[name] = value
-                t.expected[name] = value
+                t.set_answer(name, value)
         t.settled.add(name)
         return value
 

@@ -458,6 +458,16 @@ class Replay:
                 raise
 
         def check_before_backward(grad_outputs: Any) -> None:
+            if torch.is_grad_enabled() and (writes or decisions or snapshot or counted or free):
+                # Note [A backward with grad mode on]: under create_graph=True eager's backward
+                # runs with grad mode on, and dispatch telling the backward by
+                # ``not torch.is_grad_enabled()`` (as float8 code does) takes its forward branch;
+                # the compiled backward was traced with grad mode off (an outside tester's find)
+                raise SubclassWriteError(
+                    RefusalKind.WRITE_IN_BACKWARD, "compiled backward", "<state of the backward>", "create_graph",
+                    context="the backward runs with grad mode on (create_graph=True), where the compiled "
+                    "backward was traced with it off: dispatch reading grad mode would take another branch",
+                )
             if whole is not None:
                 this_run[0] = partial_backward.decide(node, whole, grad_outputs)
             for r in free:

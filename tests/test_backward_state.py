@@ -1376,3 +1376,72 @@ def test_the_instance_dict_read_in_the_backward(mode):
         assert compiled == [eager[0], "refused"] and eager[1] == 2
     else:
         assert compiled == eager and eager[-1]["bw"] == (15 if mode == "value" else 3)
+
+
+class AppendsInTheBackward(Weight):
+    @staticmethod
+    def backward_op(w, out):
+        w.hist.append("op")
+        return out
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_list_appended_to_in_the_backward(fullgraph):
+    """A container the backward changes in place is a write the compiled backward cannot
+    replay: refused when the forward compiles, the real list untouched (it was appended to
+    while the backward was traced, once, at the compiled forward's call: an outside tester's
+    find); under fullgraph=False the frame runs eagerly."""
+
+    def run(f):
+        w = AppendsInTheBackward(torch.ones(3))
+        w.hist = []
+        out = []
+        for _ in range(2):
+            try:
+                y = f(torch.ones(3, requires_grad=True), w)
+            except Exception as e:  # BackendCompilerFailed around the refusal
+                assert "write_in_backward" in str(e) and w.hist == [], e
+                return "refused"
+            out.append(list(w.hist))
+            y.backward()
+            out.append(list(w.hist))
+        return out
+
+    torch._dynamo.reset()
+    eager = run(fn)
+    compiled = run(torch.compile(fn, backend="aot_eager", fullgraph=fullgraph))
+    assert compiled == ("refused" if fullgraph else eager) and eager[-1] == ["op"] * 2
+
+
+class TellsTheBackwardByGradMode(Weight):
+    @staticmethod
+    def forward_op(w):
+        w.fw = getattr(w, "fw", 0) + 1
+
+    @staticmethod
+    def backward_op(w, out):
+        w.bw = getattr(w, "bw", 0) + 1
+        return out
+
+
+def test_a_backward_with_grad_mode_on():
+    """Note [A backward with grad mode on]: under ``create_graph=True`` eager's backward runs
+    with grad mode on, and dispatch telling the backward by grad mode counts it as forward work;
+    the compiled backward was traced with it off and replayed a backward count (an outside
+    tester's find). Refused before anything is written or accumulated."""
+
+    def run(f):
+        w = TellsTheBackwardByGradMode(torch.full((3,), 2.0))
+        x = torch.ones(3, requires_grad=True)
+        y = f(x, w)
+        before = dict(w.__dict__)
+        try:
+            (g,) = torch.autograd.grad(y, [x], create_graph=True)
+        except SubclassWriteError as e:
+            assert e.kind is RefusalKind.WRITE_IN_BACKWARD and w.__dict__ == before, e
+            return "refused"
+        return {k: v for k, v in w.__dict__.items() if k in ("fw", "bw")}
+
+    torch._dynamo.reset()
+    assert run(fn) == {"fw": 2}  # eager: the backward's mul ran as forward work
+    assert run(torch.compile(fn, backend="aot_eager", fullgraph=True)) == "refused"
