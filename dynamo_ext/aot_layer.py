@@ -1415,10 +1415,20 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
         watch = _watch_classes(t.obj for t in scope.tracked.values())
         net: list[Write] = []
         read: dict[tuple[int, str], Any] = {}
+        depth = torch._C._functorch.get_dynamic_layer_stack_depth()
         try:
             try:
                 with scope.active(), watch.watching() as changes:
-                    out = fn(*args, **kwargs)
+                    try:
+                        out = fn(*args, **kwargs)
+                    except BaseException:
+                        # Note [A pass that raised inside a functorch transform]: the traced
+                        # graph's own ``_grad_increment_nesting`` (torch.func.grad inlined by
+                        # Dynamo) ran for real; left pushed, the frame's eager run after a
+                        # refusal ran one level down and returned a zero gradient (an outside
+                        # tester's find). Dynamo pops it only when the compiled call returns.
+                        torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(depth)
+                        raise
                 if planner is not None:
                     planner.made_by_dispatch = _made_by_dispatch(out)
             except capture.FlattenMismatch as bad:

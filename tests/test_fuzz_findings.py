@@ -774,3 +774,55 @@ def test_a_non_leaf_input_whose_cache_is_not_its_elem(backend, how):
     for e, c in zip(eager, compiled):
         torch.testing.assert_close(c.elem, e.elem, rtol=0, atol=0)
         assert_same_state(e, c)
+
+
+# ------------------------------------------------------------------ a refusal inside torch.func.grad
+
+
+class ScalesByAnOutsideTensor(S.WritingTensor):
+    """Dispatch reads a tensor kept outside ``__tensor_flatten__`` (``scale``) and counts."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is aten.mm.default:
+            for a in args:
+                if isinstance(a, cls) and "step" in a.__dict__:
+                    a.step = a.step + 1
+
+        def plain(a):
+            if not isinstance(a, cls):
+                return a
+            scale = getattr(a, "scale", None)
+            return a.elem if scale is None else a.elem * scale
+
+        return func(*[plain(a) for a in args], **(kwargs or {}))
+
+
+@pytest.mark.parametrize("transform", ["grad", "vjp"])
+def test_a_refusal_inside_a_functorch_transform(transform):
+    """Note [A pass that raised inside a functorch transform]: the AOTAutograd layer refuses the
+    read (the frame runs eagerly under fullgraph=False), but the traced graph had pushed
+    ``torch.func.grad``'s level for real: the eager run nested one level down returned a zero
+    gradient on the first call (an outside tester's find; stock compiles it and loses the count)."""
+
+    def f(w, x):
+        loss = lambda ww: torch.mm(x, ww).pow(2).sum()  # noqa: E731
+        if transform == "grad":
+            return torch.func.grad(loss)(w)
+        out, pull = torch.func.vjp(loss, w)
+        return pull(torch.ones_like(out))[0]
+
+    def make():
+        torch.manual_seed(0)
+        w = ScalesByAnOutsideTensor(torch.randn(4, 4))
+        w.step, w.scale = 0, torch.tensor(2.0)
+        return w
+
+    torch._dynamo.reset()
+    x = torch.randn(3, 4)
+    we, wc = make(), make()
+    compiled = torch.compile(f, backend="aot_eager")
+    for _ in range(2):
+        ge, gc = f(we, x), compiled(wc, x)
+        torch.testing.assert_close(gc, ge)
+        assert ge.abs().sum() > 0 and wc.step == we.step
