@@ -266,8 +266,30 @@ class FrameState:
             return self._track_real(fake, real, Ref(vt, vt.source, vt.proxy.node))
         vt = self.intermediate_vt(fake)
         if vt is not None:
-            return self.scope.track(fake, None, Ref(vt, None, vt.proxy.node))
+            t = self.scope.track(fake, None, Ref(vt, None, vt.proxy.node))
+            t.on_read = self._read_on_made
+            return t
         return None
+
+    def _read_on_made(self, t: Tracked, name: Any) -> None:
+        """Note [A read of what the program set on a tensor it made]: code of the compiled
+        function set an attribute on a subclass it made (``w = F8(...); w.step = 0``, ``y =
+        x @ w; y.tag = 1``) and dispatch reads it: Dynamo holds the write pending, the trace
+        tensor lacks it, and the op would read it absent (an outside tester's find: the
+        count eager makes on it was lost, stock alike). Refused, as for an input
+        (``unsupported_state_read``)."""
+        asked = None if name is capture.KEYS else name if isinstance(name, str) else MISSING
+        if asked is MISSING:
+            return
+        changed = self._written_by_program(t.obj, t.data, t)
+        if changed and (asked is None or asked in changed):
+            _refuse(
+                RefusalKind.UNSUPPORTED_STATE_READ, t, asked or sorted(changed)[0], "pending write",
+                "the compiled function set it on this tensor, which it made, before this op; while "
+                "traced the op would not see it",
+                hint="Set it before the compiled function, or let the op run eagerly "
+                "(fullgraph=False graph-breaks there).",
+            )
 
     def track_plain_arg(self, node: torch.fx.Node) -> None:
         """A plain tensor an op on a subclass is given (a graph input, or a tensor the graph
