@@ -1023,6 +1023,15 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
             except Exception as exc:
                 if scope is not None:
                     scope.raised.append(exc)
+                    if scope.label == "backward" and _data_dependent(exc):
+                        # a branch on tensor data in the traced backward (``float(grad.abs().max())``):
+                        # named as in the forward, not torch's raw guard error (an outside tester's find)
+                        from .errors import RefusalKind, SubclassWriteError
+
+                        raise SubclassWriteError(
+                            RefusalKind.DISPATCH_RAISED, klass.__name__, "<dispatch>", type(exc).__name__,
+                            context=f"the traced backward's dispatch read tensor data: {str(exc)[:200]}",
+                        ) from exc
                 raise
             finally:
                 if watching:
@@ -1243,6 +1252,14 @@ def caught_here(scope: Scope, raised: list[BaseException]) -> BaseException | No
         if not any(exc is e for e in raised):
             return exc
     return None
+
+
+def _data_dependent(exc: BaseException) -> bool:
+    """torch's error for a Python value taken from tensor data while traced."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return isinstance(exc, (GuardOnDataDependentSymNode, DataDependentOutputException))
 
 
 def caught_context(caught: BaseException) -> str:

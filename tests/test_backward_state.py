@@ -1445,3 +1445,30 @@ def test_a_backward_with_grad_mode_on():
     torch._dynamo.reset()
     assert run(fn) == {"fw": 2}  # eager: the backward's mul ran as forward work
     assert run(torch.compile(fn, backend="aot_eager", fullgraph=True)) == "refused"
+
+
+class RecordsGradAmaxAsFloat(Weight):
+    @staticmethod
+    def backward_op(w, out):
+        w.grad_amax = float(out.abs().max())
+        return out
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_float_of_tensor_data_in_the_backward(fullgraph):
+    """A Python float taken from tensor data in the traced backward is refused by name
+    (``dispatch_raised``), as in the forward, not with torch's raw guard error (an outside
+    tester's find; stock fails the same way); without fullgraph the frame runs eagerly."""
+
+    def run(f):
+        w = RecordsGradAmaxAsFloat(torch.full((3,), 2.0))
+        try:
+            f(torch.ones(3, requires_grad=True), w).backward()
+        except Exception as e:  # noqa: BLE001 - BackendCompilerFailed around the refusal
+            assert fullgraph and "dispatch_raised" in str(e) and "grad_amax" not in w.__dict__, e
+            return "refused"
+        return w.grad_amax
+
+    torch._dynamo.reset()
+    eager = run(fn)
+    assert run(torch.compile(fn, backend="aot_eager", fullgraph=fullgraph)) == ("refused" if fullgraph else eager)
