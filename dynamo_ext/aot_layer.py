@@ -1895,6 +1895,31 @@ def _symbolic_leaves(value: Any) -> list[Any]:
     return []
 
 
+def _zero_tangent_of_this_call(meta: Any, like: torch.Tensor) -> Any:
+    """A zero of the traced class whose traced ctx holds symbolic values (a count or size in
+    the ctx), built with this call's values of them; refused by name where they are not
+    known (torch raised its own error there, stock too: a fuzz find)."""
+    node = torch._C._current_autograd_node()
+    ctx = resolve_symbolic(meta.meta, getattr(node, SYMBOL_VALUES_ATTR, None))
+    zero = None
+    if ctx is not MISSING:
+        meta = copy.copy(meta)
+        meta.meta = ctx
+        zero = _zero_tangent(meta, like)
+    if zero is None:
+        from .plan import _undo_this_backward
+
+        _undo_this_backward()  # See Note [A refusal undoes the backward's earlier writes] in plan.py
+        cls = _meta_class(meta)
+        raise SubclassWriteError(
+            RefusalKind.WRITE_IN_BACKWARD, cls.__name__, "<flatten ctx>", "partial backward",
+            context=f"an output no gradient reached gets a plain zero where the compiled backward traced a "
+            f"{cls.__name__} whose flatten ctx holds a value of this call that is not known: no zero of that "
+            "class can be built (torch raises there, stock too)",
+        )
+    return zero
+
+
 def _zero_tangent(meta: Any, like: torch.Tensor) -> Any:
     """Note [A subclass output no gradient reached]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -1952,6 +1977,8 @@ def make_process_tangent_hook(original: Callable[..., Any]) -> Callable[..., Any
     def process_runtime_tangent(x: Any, meta: Any, *args: Any, **kwargs: Any) -> Any:
         if type(x) is torch.Tensor and _meta_class(meta) not in (None, torch.Tensor) and not x.any():
             zero = _zero_tangent(meta, x)
+            if zero is None and contains_symbolic(meta.meta) and free_state.is_user_class(_meta_class(meta)):
+                zero = _zero_tangent_of_this_call(meta, x)
             if zero is not None:
                 x = zero
         names = getattr(meta, CTX_READS_ATTR, None)

@@ -44,9 +44,10 @@ sends none. Upstream, eager code or another compiled graph then runs its backwar
 never ran: behind a graph break, ``yb.backward()`` ran the first graph's backward and replayed
 its count (an outside tester's find). So an input's gradient that no defined gradient reaches
 (the same reasoning as (a), on the gradient's own node) is returned as None, as eager leaves
-it, once a plan whose backward writes has been made in the process (``note_backward_writes``);
-AOTAutogradCache is then bypassed for graphs that have no plan of their own, whose cache
-entries could not say which gradients to drop. Not covered: an ``autograd.Function`` (or
+it: by every graph with a plan (subclass inputs or outputs), and, once a plan whose backward
+writes has been made in the process (``note_backward_writes``), by graphs without one too, for
+which AOTAutogradCache is then bypassed (their cache entries could not say which gradients to
+drop). Not covered: an ``autograd.Function`` (or
 activation checkpointing) run eagerly behind a graph break, which the engine reaches through
 the later graph's edge and runs with zeros where eager's backward never reaches it (stock
 alike). Where the descriptors cannot be mapped (synthetic or deduplicated

@@ -442,7 +442,7 @@ class Replay:
 
         free = self.plan.backward_free
         whole = self.plan.whole_backward
-        drops = whole is not None and whole.nulls and partial_backward.backward_writes_seen()
+        drops = whole is not None and whole.nulls
         counted = self._counted
 
         # this run's (writes eager would not make, gradients eager leaves undefined), set
