@@ -1783,7 +1783,7 @@ def _without_plan(original: Callable[..., Any], *args: Any, **kwargs: Any) -> An
     graph = getattr(getattr(capture_, "graph_module", None), "graph", None)
     parts = partial_backward.analyse(graph, [], getattr(state, "fw_metadata", None)) if graph is not None else None
     compiled, meta = original(*args, **kwargs)
-    if parts is None or not parts.nulls:
+    if parts is None or not parts.fed_by:
         return compiled, meta
     return Replay(WritePlan(whole_backward=parts)).wrap_boxed(compiled), meta
 

@@ -44,10 +44,12 @@ sends none. Upstream, eager code or another compiled graph then runs its backwar
 never ran: behind a graph break, ``yb.backward()`` ran the first graph's backward and replayed
 its count (an outside tester's find). So an input's gradient that no defined gradient reaches
 (the same reasoning as (a), on the gradient's own node) is returned as None, as eager leaves
-it: by every graph with a plan (subclass inputs or outputs), and, once a plan whose backward
-writes has been made in the process (``note_backward_writes``), by graphs without one too, for
-which AOTAutogradCache is then bypassed (their cache entries could not say which gradients to
-drop). Not covered: an ``autograd.Function`` (or
+it: by every graph with a plan (subclass inputs or outputs) where a backward of some of its
+outputs may leave some gradients undefined, and, once a plan whose backward writes has been made
+in the process (``note_backward_writes``), by every graph, with a plan or not, also where every
+incoming gradient is undefined; AOTAutogradCache is then bypassed for graphs without a plan
+(their cache entries could not say which gradients to drop). Registering the hooks on every call
+costs about 50 µs per forward and backward, so it is not done where it cannot matter. Not covered: an ``autograd.Function`` (or
 activation checkpointing) run eagerly behind a graph break, which the engine reaches through
 the later graph's edge and runs with zeros where eager's backward never reaches it (stock
 alike). Where the descriptors cannot be mapped (synthetic or deduplicated
@@ -123,10 +125,18 @@ class BackwardParts:
 
     @property
     def nulls(self) -> bool:
-        """Whether some input's gradient may get no defined incoming gradient (every one
-        may, where every incoming gradient is undefined: a graph behind a graph break,
-        reached by the engine through a later graph's edges)."""
-        return bool(self.fed_by)
+        """Whether some input's gradient may get no defined incoming gradient while others
+        do (a backward of some of the outputs)."""
+        return any(mask != self.tangents for _, mask in self.fed_by)
+
+    @property
+    def drops(self) -> bool:
+        """Whether this graph's compiled backward drops gradients eager leaves undefined:
+        where some may get none while others do, and, once a compiled backward that writes
+        exists, also where every incoming gradient is undefined (a graph behind a graph
+        break, which the engine reaches through a later graph's edges: its zeros would run an
+        earlier graph's writing backward where eager's never runs)."""
+        return self.nulls or (bool(self.fed_by) and _WRITERS_SEEN)
 
 
 _WRITERS_SEEN = False

@@ -168,7 +168,7 @@ class WritePlan:
         return bool(
             self.backward_writes or self.backward_decisions or self.backward_checks or self.call_symbols
             or self.rebuild_gradients or self.backward_free
-            or (self.whole_backward is not None and self.whole_backward.nulls)
+            or (self.whole_backward is not None and self.whole_backward.drops)
         )
 
     def why_not_cacheable(self) -> str | None:
@@ -442,7 +442,7 @@ class Replay:
 
         free = self.plan.backward_free
         whole = self.plan.whole_backward
-        drops = whole is not None and whole.nulls
+        drops = whole is not None and whole.drops
         counted = self._counted
 
         # this run's (writes eager would not make, gradients eager leaves undefined), set
@@ -533,13 +533,17 @@ class Replay:
             )
         if snapshot or decisions or free or counted or drops or (whole is not None and whole.may_refuse):
             node.register_prehook(_not_traced(before_backward))
+        def drop_undefined(grad_inputs: Any, grad_outputs: Any) -> Any:
+            return partial_backward.drop(grad_inputs, this_run[0][1]) if this_run[0][1] else None
+
+        def after_backward_and_drop(grad_inputs: Any, grad_outputs: Any) -> Any:
+            after_backward(grad_inputs, grad_outputs)
+            return drop_undefined(grad_inputs, grad_outputs)
+
+        # one hook where both are needed: each call through the disabled function costs
         if writes:
-            node.register_hook(_not_traced(after_backward))
-        if drops:
-
-            def drop_undefined(grad_inputs: Any, grad_outputs: Any) -> Any:
-                return partial_backward.drop(grad_inputs, this_run[0][1]) if this_run[0][1] else None
-
+            node.register_hook(_not_traced(after_backward_and_drop if drops else after_backward))
+        elif drops:
             node.register_hook(_not_traced(drop_undefined))
 
     def wrap_boxed(self, compiled: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
