@@ -281,15 +281,7 @@ class FrameState:
         asked = None if name is capture.KEYS else name if isinstance(name, str) else MISSING
         if asked is MISSING:
             return
-        changed = self._written_by_program(t.obj, t.data, t)
-        if changed and (asked is None or asked in changed):
-            _refuse(
-                RefusalKind.UNSUPPORTED_STATE_READ, t, asked or sorted(changed)[0], "pending write",
-                "the compiled function set it on this tensor, which it made, before this op; while "
-                "traced the op would not see it",
-                hint="Set it before the compiled function, or let the op run eagerly "
-                "(fullgraph=False graph-breaks there).",
-            )
+        self._refuse_pending(t, t.obj, t.data, asked, "on this tensor, which it made, ")
 
     def track_plain_arg(self, node: torch.fx.Node) -> None:
         """A plain tensor an op on a subclass is given (a graph input, or a tensor the graph
@@ -348,6 +340,19 @@ class FrameState:
                 self.scope.track(obj, obj, Ref(None, source, ref.node, ref.path + path))
         return t
 
+    def _refuse_pending(self, t: Tracked, value: Any, ref: Ref | None, asked: str | None, on: str) -> None:
+        """Refuse a read (``asked``; None: the whole dict) of an attribute the compiled
+        function set on ``value`` before this op, which Dynamo holds pending."""
+        changed = self._written_by_program(value, ref, t)
+        if changed and (asked is None or asked in changed):
+            _refuse(
+                RefusalKind.UNSUPPORTED_STATE_READ, t, asked or sorted(changed)[0], "pending write",
+                f"the compiled function set it {on}before this op; while traced the op would read "
+                "the value from before the call",
+                hint="Set the attribute outside the compiled function, or let the op run "
+                "eagerly (fullgraph=False graph-breaks there).",
+            )
+
     # -- answering reads ----------------------------------------------------
 
     def _answer(self, scope: Scope, t: Tracked, name: str) -> Any:
@@ -356,17 +361,9 @@ class FrameState:
         real = t.real
         if ref is not None:
             asked = None if name is capture.KEYS else name.name if isinstance(name, capture.Unshadowed) else name
-            changed = self._written_by_program(real, ref, t)
-            if changed and (asked is None or asked in changed):
-                # ``w.scale = s; w @ x``: while traced the op would see the value from before
-                # the call (Dynamo applies the user's write after the graph)
-                _refuse(
-                    RefusalKind.UNSUPPORTED_STATE_READ, t, asked or sorted(changed)[0], "pending write",
-                    "the compiled function set it before this op; while traced the op would read "
-                    "the value from before the call",
-                    hint="Set the attribute outside the compiled function, or let the op run "
-                    "eagerly (fullgraph=False graph-breaks there).",
-                )
+            # ``w.scale = s; w @ x``: while traced the op would see the value from before the
+            # call (Dynamo applies the user's write after the graph)
+            self._refuse_pending(t, real, ref, asked, "")
         if name is capture.KEYS:
             if ref is not None and ref.source is not None and not t.shared:
                 guards.keys(ref.source)
