@@ -1376,6 +1376,32 @@ def _made_by_dispatch(out: Any) -> dict[type, list[dict]]:
     return found
 
 
+def _global_autograd_state() -> tuple[int, bool, str | None, bool]:
+    """Note [A pass that raised inside a functorch transform]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A graph Dynamo inlined ``torch.func.grad`` into calls ``_grad_increment_nesting``,
+    ``_saved_tensors_hooks_disable`` and ``_set_grad_enabled`` for real while AOTAutograd
+    traces it. A pass that raises part-way (a refusal) left them set: the frame's eager run
+    after the refusal ran one functorch level down and returned a zero gradient (an outside
+    tester's find), and later ``torch.func`` calls found saved-tensor hooks disabled. Dynamo
+    puts them back only when the compiled call returns; the pass puts them back as it
+    raises."""
+    autograd = torch._C._autograd
+    enabled = autograd._saved_tensors_hooks_is_enabled()
+    message = None if enabled else autograd._saved_tensors_hooks_get_disabled_error_message()
+    return torch._C._functorch.get_dynamic_layer_stack_depth(), enabled, message, torch.is_grad_enabled()
+
+
+def _restore_global_autograd_state(state: tuple[int, bool, str | None, bool]) -> None:
+    depth, enabled, message, grad = state
+    torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(depth)
+    if enabled:
+        torch._C._autograd._saved_tensors_hooks_enable()
+    else:
+        torch._C._autograd._saved_tensors_hooks_disable(message)
+    torch._C._set_grad_enabled(grad)
+
+
 def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: bool) -> Callable[..., Any]:
     """Wrap the function AOTAutograd traces: one call is one tracing pass.
 
@@ -1415,19 +1441,14 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
         watch = _watch_classes(t.obj for t in scope.tracked.values())
         net: list[Write] = []
         read: dict[tuple[int, str], Any] = {}
-        depth = torch._C._functorch.get_dynamic_layer_stack_depth()
+        entry_state = _global_autograd_state()
         try:
             try:
                 with scope.active(), watch.watching() as changes:
                     try:
                         out = fn(*args, **kwargs)
                     except BaseException:
-                        # Note [A pass that raised inside a functorch transform]: the traced
-                        # graph's own ``_grad_increment_nesting`` (torch.func.grad inlined by
-                        # Dynamo) ran for real; left pushed, the frame's eager run after a
-                        # refusal ran one level down and returned a zero gradient (an outside
-                        # tester's find). Dynamo pops it only when the compiled call returns.
-                        torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(depth)
+                        _restore_global_autograd_state(entry_state)
                         raise
                 if planner is not None:
                     planner.made_by_dispatch = _made_by_dispatch(out)

@@ -826,6 +826,10 @@ def test_a_refusal_inside_a_functorch_transform(transform):
         ge, gc = f(we, x), compiled(wc, x)
         torch.testing.assert_close(gc, ge)
         assert ge.abs().sum() > 0 and wc.step == we.step
+    # nothing the traced graph set is left set (saved-tensor hooks disabled broke every later
+    # torch.func call in the process)
+    assert torch._C._autograd._saved_tensors_hooks_is_enabled() and torch.is_grad_enabled()
+    assert torch._C._functorch.get_dynamic_layer_stack_depth() == 0
 
 
 # ------------------------------------------------------------------ state the program set on a subclass it made
