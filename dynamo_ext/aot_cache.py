@@ -156,7 +156,7 @@ def make_try_load_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         if planner is None and partial_backward.backward_writes_seen():
             # an entry could not say which gradients the compiled backward leaves undefined
             # (See Note [A backward run for part of the graph] in partial_backward.py)
-            _bypass("a graph without a plan, compiled once a compiled backward that writes is known")
+            _bypass("a graph without a plan, compiled once a graph with subclasses and a backward was")
             return None, aot_config
         if planner is None:
             return original(mod, args, aot_config, *rest, **kwargs)

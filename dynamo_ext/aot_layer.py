@@ -670,7 +670,7 @@ class Planner:
                     raise SubclassWriteError(kind, t.cls_name, w.name, type(w.value).__name__, why)
         self.backward = list(late.values())
         self._late = []
-        if self.backward:
+        if self.joint_graph is not None:
             partial_backward.note_backward_writes()
         if self.backward and _checkpointed(self.joint_graph):
             w = self.backward[0]
@@ -1793,8 +1793,8 @@ def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _without_plan(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Stage 2 of a graph with no subclass of its own: once a compiled backward that writes
-    is known, an input's gradient no defined incoming gradient reaches is returned as None, as
+    """Stage 2 of a graph with no subclass of its own: once a graph with subclasses and a
+    backward was compiled, an input's gradient no defined incoming gradient reaches is returned as None, as
     eager leaves it, not zeros (See Note [A backward run for part of the graph] in
     partial_backward.py)."""
     if not partial_backward.backward_writes_seen():
