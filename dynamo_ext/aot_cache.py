@@ -153,7 +153,7 @@ def make_try_load_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def try_load(mod: Any, args: Any, aot_config: Any, *rest: Any, **kwargs: Any) -> Any:
         planner = aot_layer.pending()
-        if planner is None and partial_backward.backward_writes_seen():
+        if planner is None and partial_backward.planned_backward_seen():
             # an entry could not say which gradients the compiled backward leaves undefined
             # (See Note [A backward run for part of the graph] in partial_backward.py)
             _bypass("a graph without a plan, compiled once a graph with subclasses and a backward was")

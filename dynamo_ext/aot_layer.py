@@ -671,7 +671,7 @@ class Planner:
         self.backward = list(late.values())
         self._late = []
         if self.joint_graph is not None:
-            partial_backward.note_backward_writes()
+            partial_backward.note_planned_backward()
         if self.backward and _checkpointed(self.joint_graph):
             w = self.backward[0]
             raise SubclassWriteError(
@@ -1797,7 +1797,7 @@ def _without_plan(original: Callable[..., Any], *args: Any, **kwargs: Any) -> An
     backward was compiled, an input's gradient no defined incoming gradient reaches is returned as None, as
     eager leaves it, not zeros (See Note [A backward run for part of the graph] in
     partial_backward.py)."""
-    if not partial_backward.backward_writes_seen():
+    if not partial_backward.planned_backward_seen():
         return original(*args, **kwargs)
     state = args[0] if args else kwargs.get("aot_state")
     capture_ = args[1] if len(args) > 1 else kwargs.get("aot_graph_capture")

@@ -46,7 +46,7 @@ its count (an outside tester's find). So an input's gradient that no defined gra
 (the same reasoning as (a), on the gradient's own node) is returned as None, as eager leaves
 it (an optimizer skips a parameter without a gradient, and steps on zeros): by every graph with
 a plan (subclass inputs or outputs), and, once such a graph with a backward has been compiled in
-the process (``note_backward_writes``), by graphs without a plan too, for which AOTAutogradCache
+the process (``note_planned_backward``), by graphs without a plan too, for which AOTAutogradCache
 is then bypassed (their cache entries could not say which gradients to drop). The hooks cost
 about 40 µs a training step per graph; programs without subclasses are left alone. Not covered: an ``autograd.Function`` (or
 activation checkpointing) run eagerly behind a graph break, which the engine reaches through
@@ -123,12 +123,6 @@ class BackwardParts:
         return bool(self.calls) and (self.mapped or self.coarse[0] or self.coarse[1])
 
     @property
-    def nulls(self) -> bool:
-        """Whether some input's gradient may get no defined incoming gradient while others
-        do (a backward of some of the outputs)."""
-        return any(mask != self.tangents for _, mask in self.fed_by)
-
-    @property
     def drops(self) -> bool:
         """Whether this graph's compiled backward drops gradients eager leaves undefined:
         where some may get none while others do, and where every incoming gradient is
@@ -138,18 +132,18 @@ class BackwardParts:
         return bool(self.fed_by)
 
 
-_WRITERS_SEEN = False
+_PLANNED_BACKWARD_SEEN = False
 
 
-def note_backward_writes() -> None:
+def note_planned_backward() -> None:
     """A plan of a graph with a backward was made in this process: from now on graphs
     without a plan drop the gradients eager leaves undefined too."""
-    global _WRITERS_SEEN
-    _WRITERS_SEEN = True
+    global _PLANNED_BACKWARD_SEEN
+    _PLANNED_BACKWARD_SEEN = True
 
 
-def backward_writes_seen() -> bool:
-    return _WRITERS_SEEN
+def planned_backward_seen() -> bool:
+    return _PLANNED_BACKWARD_SEEN
 
 
 # --------------------------------------------------------------------------- #
