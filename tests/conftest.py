@@ -1,3 +1,4 @@
+import gc
 import os
 import sys
 from typing import Any
@@ -13,11 +14,12 @@ import dynamo_ext  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _fresh_dynamo():
+def _fresh_dynamo(request: pytest.FixtureRequest):
     """Every test starts from a clean Dynamo, with dynamo_ext enabled and no silent fallback.
 
     suppress_errors is switched through torch's own context manager, never by assignment:
     only config.patch() undoes exactly what it changed."""
+    _collect_what_earlier_tests_left(request.node.nodeid)
     before = {name: _config_picture(mod) for name, mod in _config_modules().items()}
     torch._dynamo.reset()
     dynamo_ext.enable()
@@ -27,6 +29,41 @@ def _fresh_dynamo():
     torch._dynamo.reset()
     problems = config_changes(before)
     assert not problems, "the test changed torch config outside config.patch(): " + "; ".join(problems)
+
+
+# --------------------------------------------------------------------------- garbage between tests
+# Every test starts on a heap without the earlier tests' garbage, collected here rather than
+# at whatever moment the collector next runs, which may be inside a later test's trace. Some
+# of torch's objects change this thread's dispatch key sets when they are freed: a
+# dispatch-key guard entered inside a generator that was never finished puts back, when the
+# generator is collected, the key set it saved on entry. Freed inside a functionalization
+# kernel, that made the kernel functionalize its own output (an INTERNAL ASSERT in
+# FunctionalStorageImpl.cpp), in a test that had nothing to do with the object. The key sets
+# must be the ones the run started with, before and after the collection: a test that left
+# them changed, or left such an object, fails the next test's setup, naming it.
+
+_PREVIOUS_TEST: list[str] = ["(none: the first test)"]
+_KEYS_AT_START: list[tuple[str, str]] = []
+
+
+def _dispatch_keys() -> tuple[str, str]:
+    return str(torch._C._dispatch_tls_local_include_set()), str(torch._C._dispatch_tls_local_exclude_set())
+
+
+def _collect_what_earlier_tests_left(nodeid: str) -> None:
+    previous, _PREVIOUS_TEST[0] = _PREVIOUS_TEST[0], nodeid
+    if not _KEYS_AT_START:
+        gc.collect()
+        gc.freeze()  # what the imports and the collection made lives all run: never scanned again
+        _KEYS_AT_START.append(_dispatch_keys())
+    before = _dispatch_keys()
+    gc.collect()
+    after = _dispatch_keys()
+    if before != _KEYS_AT_START[0] or after != before:
+        raise AssertionError(
+            f"after {previous}: this thread's dispatch key sets (included, excluded) were {_KEYS_AT_START[0]} "
+            f"at the start of the run, {before} before collecting the garbage left, {after} after it"
+        )
 
 
 # --------------------------------------------------------------------------- config hygiene
