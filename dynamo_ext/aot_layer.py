@@ -636,15 +636,18 @@ class Planner:
         recorded = self.record.recorded if self.record is not None else {}
         late: dict[tuple, PlannedWrite] = {}
         forward = {(w.input_index, w.path, w.name) for w in self.writes or ()}
-        # each write with the graph nodes of the call that made it
-        call_events: list[tuple[tuple, tuple[str, ...] | None]] = []
-        for scope in self._late:
+        # each write with the graph nodes of the call that made it, the count it wrote and its pass
+        call_events: list[tuple[tuple, tuple[str, ...] | None, tuple | None, int]] = []
+        for trace, scope in enumerate(self._late):
             events = scope.kept if scope.kept is not None else scope.settle()
             _refuse_caught(scope)
             _refuse_split(scope)
             nodes_of = scope.call_nodes or {}
             call_events.extend(
-                ((e.tracked.data.index, e.tracked.data.path, e.name), nodes_of.get(id(e)))
+                (
+                    (e.tracked.data.index, e.tracked.data.path, e.name), nodes_of.get(id(e)),
+                    e.value.expr if isinstance(e.value, counters.CountedInt) else None, trace,
+                )
                 for e in events
                 if isinstance(e.tracked.data, _Where)
             )

@@ -31,9 +31,8 @@ writing call:
   group to have a forward op of its own: an ``autograd.Function``'s backward has none, and
   runs whole, with zeros where eager gives it an undefined gradient.
 - otherwise it is not known (a call whose op feeds no gradient, a Function's backward under
-  input pruning): refused, as is an attribute written by calls of both kinds (its value
-  would be the running calls' share of the count) and a skipped attribute that a running
-  call's count, a decision of the traced backward or text it wrote may have read.
+  input pruning): refused, as is a skipped attribute that a running call's count, a decision
+  of the traced backward or text it wrote may have read.
 
 The written attributes of calls that do not run are left as they are; the others are set as
 for the whole backward.
@@ -54,14 +53,15 @@ the later graph's edge and runs with zeros where eager's backward never reaches 
 alike). Where the descriptors cannot be mapped (synthetic or deduplicated
 inputs, an intermediate base with a tangent, a graph without descriptors) the old rule
 stays: refused unless every call depends on every tangent and reaches every input's
-gradient. What is still refused is the mixed case; matching it needs each call's own share
-of a count.
+gradient. An attribute written by calls of both kinds gets the count of the calls that run,
+where each call counts on from what the one before it left (See Note [One share of a count]);
+otherwise it is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import torch
 
@@ -93,6 +93,10 @@ class BackwardCall:
     #: the inputs whose gradients the call's nodes reach through nothing but nodes of its
     #: own group (its node's edges to them); None where other nodes follow
     direct: frozenset[int] | None = None
+    #: the expression of the count this write set (counters.Expr), None for another value;
+    #: and the traced pass the call ran in (See Note [One share of a count])
+    expr: tuple | None = None
+    trace: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,11 +341,11 @@ class _Joint:
     def positions(self, mask: int) -> frozenset[int]:
         return frozenset(i for i in range(mask.bit_length()) if mask >> i & 1)
 
-    def call(self, key: tuple, names: tuple[str, ...] | None) -> BackwardCall:
+    def call(self, key: tuple, names: tuple[str, ...] | None, expr: tuple | None = None, trace: int = 0) -> BackwardCall:
         mine = [self.by_name[n] for n in names or () if n in self.by_name]
         seqs = {n.meta.get("seq_nr") for n in mine}
         if not mine or None in seqs:
-            return BackwardCall(key, None, None, frozenset(), None)
+            return BackwardCall(key, None, None, frozenset(), None, expr=expr, trace=trace)
         group = set(mine).union(*(self.groups.get(s, []) for s in seqs))
         reach = _below(mine)
         gradients = frozenset(p for leaf, ps in self.gradient_of.items() if leaf in reach for p in ps)
@@ -356,6 +360,8 @@ class _Joint:
             gradients=gradients,
             depends_on=self.positions(_or(needs)) if builtin and all(needs) else None,
             direct=gradients if own and builtin and len(seqs) == 1 else None,
+            expr=expr,
+            trace=trace,
         )
 
     def fed_by(self) -> tuple[tuple[int, int], ...]:
@@ -384,9 +390,10 @@ def analyse(
     decision_reads: frozenset | None = frozenset(),
 ) -> BackwardParts:
     """The parts of the joint graph each write of the traced backward needs, and which
-    inputs' gradients may get no defined incoming gradient. ``events``: (key written, the
-    names of the graph nodes its dispatch call traced)."""
-    coarse = coarse_needs(graph, [names for _, names in events])
+    inputs' gradients may get no defined incoming gradient. ``events``, in the order they
+    were made: (key written, the names of the graph nodes its dispatch call traced[, the
+    expression of the count written or None, the traced pass])."""
+    coarse = coarse_needs(graph, [e[1] for e in events])
     if graph is None or fw_metadata is None:
         return BackwardParts(coarse)
     try:
@@ -400,7 +407,7 @@ def analyse(
         n_inputs=joint.n_inputs,
         tangents=_or(1 << p for p in joint.tangent_of.values()),
         gradients=frozenset(p for ps in joint.gradient_of.values() for p in ps),
-        calls=tuple(joint.call(key, names) for key, names in events),
+        calls=tuple(joint.call(*e) for e in events),
         count_reads=tuple((count_reads or {}).items()),
         decision_reads=decision_reads,
         fed_by=joint.fed_by(),
@@ -428,57 +435,135 @@ def _refuse(why: str) -> SubclassWriteError:
     )
 
 
-WHOLE = (frozenset(), frozenset())
+class Run(NamedTuple):
+    """What one run of the compiled backward does of the traced backward's writes."""
+
+    skipped: frozenset  # keys of writes eager's backward would not make
+    nulled: frozenset  # inputs whose gradients eager leaves undefined
+    #: key -> the count eager's backward leaves (counters.Expr), for an attribute written by
+    #: calls eager runs and calls it does not (See Note [One share of a count])
+    shares: tuple = ()
 
 
-def decide(node: Any, parts: BackwardParts, grad_outputs: Sequence[Any]) -> tuple[frozenset[tuple], frozenset[int]]:
-    """For this run of the compiled backward: (the keys of the backward's writes eager's
-    backward would not make, the inputs whose gradients eager leaves undefined), usually
-    both empty; raises where the writes are not known."""
+WHOLE = Run(frozenset(), frozenset())
+
+
+def decide(node: Any, parts: BackwardParts, grad_outputs: Sequence[Any]) -> Run:
+    """For this run of the compiled backward: the keys of the backward's writes eager's
+    backward would not make, the inputs whose gradients eager leaves undefined, the counts
+    of attributes only some of whose calls run; usually all empty. Raises where the writes
+    are not known."""
     defined = _bits(i for i, g in enumerate(grad_outputs) if g is not None)
     nexts = node.next_functions
     if not parts.mapped or len(grad_outputs) != parts.n_outputs or len(nexts) != parts.n_inputs:
-        return _coarse(node, parts.coarse, grad_outputs), frozenset()
+        return Run(_coarse(node, parts.coarse, grad_outputs), frozenset())
     every_tangent = parts.tangents & defined == parts.tangents
     if every_tangent and not parts.calls:
         return WHOLE
     nulled = frozenset() if every_tangent else frozenset(j for j, mask in parts.fed_by if not mask & defined)
     if not parts.calls:
-        return frozenset(), nulled
+        return Run(frozenset(), nulled)
     wanted = {j for j, (fn, _) in enumerate(nexts) if _wanted(fn)}
     every_input = parts.gradients <= wanted
     if every_tangent and every_input:
         return WHOLE
     runs: set[tuple] = set()
     skipped: set[tuple] = set()
+    ran: list[bool] = []
     for c in parts.calls:
         if c.tangents is not None and c.tangents & defined and (every_input or c.gradients & wanted):
             runs.add(c.key)
+            ran.append(True)
         elif c.depends_on is not None and (
             (c.tangents and c.upstream is not None and not c.upstream & defined)
             or not c.depends_on & wanted
             or (c.direct and not c.direct & wanted)
         ):
             skipped.add(c.key)
+            ran.append(False)
         else:
             raise _refuse(
                 f"whether eager's backward runs the dispatch call that writes {c.key[2]!r} is not known "
                 "when part of the graph runs (an output gets no gradient, or an input's gradient is not wanted)"
             )
     both = runs & skipped
-    if both:
+    shares = {key: _share(key, parts.calls, ran) for key in both}
+    unshared = sorted(k[2] for k, share in shares.items() if share is None)
+    if unshared:
         raise _refuse(
-            f"eager's backward would run some of the dispatch calls that write {sorted(k[2] for k in both)} "
-            "and not others (an output gets no gradient, or an input's gradient is not wanted)"
+            f"eager's backward would run some of the dispatch calls that write {unshared} and not others "
+            "(an output gets no gradient, or an input's gradient is not wanted), and what the calls it runs "
+            "leave is not known: each call's own count is known only where it counts on from the value "
+            "the call before it left"
         )
     if skipped and runs:
-        reads = set().union(*(r for k, r in parts.count_reads if k in runs)) if parts.count_reads else set()
+        # what the kept writes are computed from must be what eager's calls find: no count
+        # (a share reads its own attribute's entry value) or decision of the traced backward
+        # read an attribute a skipped call wrote
+        reads = set().union(*(r for k, r in parts.count_reads if k in runs and k not in both))
+        for k, share in shares.items():
+            reads |= set(counters.reads_in(share)) - {k}
         if parts.decision_reads is None or (reads | parts.decision_reads) & skipped:
             raise _refuse(
                 f"what the backward writes on {sorted(k[2] for k in runs)} may read what the calls eager's "
                 f"backward would not run write on {sorted(k[2] for k in skipped)}"
             )
-    return frozenset(skipped), nulled
+    return Run(frozenset(skipped - both), nulled, tuple(shares.items()))
+
+
+def _share(key: tuple, calls: Sequence[BackwardCall], ran: Sequence[bool]) -> tuple | None:
+    """Note [One share of a count]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    An attribute several dispatch calls of the backward count on (``w.bw = w.bw + 1`` in each
+    op's backward), where eager's backward runs some of those calls and not others: eager
+    leaves the count the calls it runs make, each from what the one before it left. Each
+    write's expression is taken as traced (counters.py); where a call counts from the value
+    the previous write of the attribute left (its expression holds that write's expression,
+    and reads the attribute nowhere else), its step is that expression with the previous
+    one replaced by what the calls run so far left. The composed count is what the compiled
+    backward writes. Returns None where a write is not such a step: a value other than a
+    count, a count reading the attribute's entry value after it was written, a count another
+    attribute holds too (another attribute's count would then carry the same expression),
+    writes from two traced passes."""
+    steps = [(c.expr, r, c.trace) for c, r in zip(calls, ran) if c.key == key]
+    if any(expr is None for expr, _, _ in steps) or len({t for _, _, t in steps}) > 1:
+        return None
+    mine = [expr for expr, _, _ in steps]
+    ids = {id(e) for e in mine}
+    for c in calls:  # held by another attribute: no step of this one may be told from it
+        if c.key != key and c.expr is not None and _holds(c.expr, ids):
+            return None
+    entry: tuple = ("read", key)
+    current, previous = entry, entry
+    for expr, run, _ in steps:
+        if run:
+            current = _replace(expr, previous, current, key)
+            if current is None:
+                return None
+        previous = expr
+    return current
+
+
+def _holds(expr: tuple, ids: set[int]) -> bool:
+    if id(expr) in ids:
+        return True
+    return expr[0] not in ("read", "const") and (_holds(expr[1], ids) or _holds(expr[2], ids))
+
+
+def _replace(expr: tuple, previous: tuple, current: tuple, key: tuple) -> tuple | None:
+    """``expr`` with ``previous`` (by identity; the entry read by value) replaced by
+    ``current``; None where it reads ``key`` elsewhere."""
+    if expr is previous or (previous[0] == "read" and expr == previous):
+        return current
+    if expr[0] == "read":
+        return None if expr[1] == key else expr
+    if expr[0] == "const":
+        return expr
+    left = _replace(expr[1], previous, current, key)
+    right = _replace(expr[2], previous, current, key)
+    if left is None or right is None:
+        return None
+    return (expr[0], left, right)
 
 
 def _coarse(node: Any, coarse: tuple[bool, bool, int], grad_outputs: Sequence[Any]) -> frozenset[tuple]:

@@ -447,7 +447,7 @@ class Replay:
 
         # this run's (writes eager would not make, gradients eager leaves undefined), set
         # by before_backward (See Note [A backward run for part of the graph] in partial_backward.py)
-        this_run: list[tuple[frozenset, frozenset]] = [partial_backward.WHOLE]
+        this_run: list[partial_backward.Run] = [partial_backward.WHOLE]
 
         def before_backward(grad_outputs: Any) -> None:
             this_run[0] = partial_backward.WHOLE
@@ -506,9 +506,13 @@ class Replay:
                     )
 
         def after_backward(grad_inputs: Any, grad_outputs: Any) -> None:
-            skipped = this_run[0][0]
+            skipped, shares = this_run[0].skipped, dict(this_run[0].shares)
             made = [w for w in writes if (w.input_index, w.path, w.name) not in skipped]
-            values = [counters.evaluate(w.value, read) if w.value_from is ValueFrom.COUNTED else w.value for w in made]
+            values = [
+                counters.evaluate(shares.get((w.input_index, w.path, w.name), w.value), read)
+                if w.value_from is ValueFrom.COUNTED else w.value
+                for w in made
+            ]
             journal = _this_backward_journal()
             for w, value in zip(made, values):
                 target = w.target(inputs)
@@ -534,7 +538,7 @@ class Replay:
         if snapshot or decisions or free or counted or drops or (whole is not None and whole.may_refuse):
             node.register_prehook(_not_traced(before_backward))
         def drop_undefined(grad_inputs: Any, grad_outputs: Any) -> Any:
-            return partial_backward.drop(grad_inputs, this_run[0][1]) if this_run[0][1] else None
+            return partial_backward.drop(grad_inputs, this_run[0].nulled) if this_run[0].nulled else None
 
         def after_backward_and_drop(grad_inputs: Any, grad_outputs: Any) -> Any:
             after_backward(grad_inputs, grad_outputs)

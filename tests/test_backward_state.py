@@ -757,12 +757,14 @@ _PART_RUNS = {
     "inputs_w": lambda ya, yb, x, w, v: (ya + yb).backward(inputs=[w]),
     "inputs_x_v": lambda ya, yb, x, w, v: (ya + yb).backward(inputs=[x, v]),
 }
-#: runs where every count is written by calls eager runs all or none of
+#: runs where every count is written by calls eager runs all or none of, or by calls each
+#: counting on from what the one before it left (See Note [One share of a count])
 _PART_EXACT = {
     ("two_losses", r) for r in _PART_RUNS
 } | {
     ("chained", "ya_backward"), ("chained", "sum_backward"), ("chained", "grad_ya_x"), ("chained", "grad_ya_w"),
-    ("shared_weight", "sum_backward"), ("transposed", "yb_backward"),
+    ("shared_weight", "sum_backward"), ("shared_weight", "ya_backward"), ("shared_weight", "yb_backward"),
+    ("shared_weight", "grad_ya_x"), ("transposed", "yb_backward"),
     ("transposed", "sum_backward"), ("transposed", "grad_sum_v"),
 } | {
     (p, r) for p in ("behind_a_break", "behind_two_breaks", "behind_two_uses") for r in _PART_RUNS
@@ -819,6 +821,70 @@ def test_a_backward_run_for_part_of_the_graph(program, run_name):
         assert (program, run_name) not in _PART_EXACT, "refused where eager's counts are known"
     else:
         assert compiled == eager
+
+
+class CountsBackwardOpsAffinely(CountsBackwardOps):
+    """Each backward op takes the count to ``2 * bw + 1``."""
+
+    @staticmethod
+    def backward_op(w, out):
+        w.bw = w.bw * 2 + 1
+        return out
+
+
+class CountsThroughASecondName(CountsBackwardOps):
+    """Each backward op copies the count to ``seen`` and counts on from the copy."""
+
+    @staticmethod
+    def backward_op(w, out):
+        w.seen = w.bw
+        w.bw = w.seen + 1
+        return out
+
+
+def _user_state(t):
+    return {k: v for k, v in vars(t).items() if not isinstance(v, torch.Tensor)}
+
+
+@pytest.mark.parametrize("run_name", ["ya_backward", "yb_backward", "grad_ya_x"])
+@pytest.mark.parametrize(
+    "cls", [CountsBackwardOps, CountsBackwardOpsAffinely, CountsThroughASecondName], ids=["plus_one", "affine", "second_name"]
+)
+def test_one_share_of_a_count(cls, run_name):
+    """Note [One share of a count]: ``w`` takes part in an op of each loss, and the backward
+    of one loss runs the calls counting on ``w`` of one op only. The compiled backward
+    writes the count of the calls eager runs, over two steps (the second counts on from the
+    first); where a call counts on through a second attribute that share is not known, and
+    the backward is refused with nothing written or accumulated."""
+    how = _PART_RUNS[run_name]
+
+    def run(f):
+        x = torch.ones(3, requires_grad=True)
+        w, v = cls(torch.full((3,), 2.0)), cls(torch.full((3,), 3.0))
+        w.requires_grad_(), v.requires_grad_()
+        states = []
+        for _ in range(2):
+            ya, yb = f(x, w, v)
+            before = (_user_state(w), _user_state(v), [None if t.grad is None else _listed(t.grad) for t in (x, w, v)])
+            try:
+                got = how(ya, yb, x, w, v)
+            except SubclassWriteError as e:
+                assert e.kind is RefusalKind.WRITE_IN_BACKWARD, e
+                assert (_user_state(w), _user_state(v), [None if t.grad is None else _listed(t.grad) for t in (x, w, v)]) == before
+                return "refused"
+            grads = [None if t.grad is None else _listed(t.grad) for t in (x, w, v)]
+            states.append((_user_state(w), _user_state(v), grads, [_listed(g) for g in got or ()]))
+        return states
+
+    torch._dynamo.reset()
+    eager = run(_shared_weight)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = run(torch.compile(_shared_weight, backend=counter, fullgraph=True))
+    if compiled == "refused":
+        assert cls is CountsThroughASecondName, "refused where each call counts on from the one before it"
+    else:
+        assert compiled == eager
+    assert counter.frame_count == 1
 
 
 def test_a_loss_and_an_activation_returned_backward_of_the_loss():
