@@ -523,10 +523,15 @@ def _share(key: tuple, calls: Sequence[BackwardCall], ran: Sequence[bool]) -> tu
     one replaced by what the calls run so far left. The composed count is what the compiled
     backward writes. Returns None where a write is not such a step: a value other than a
     count, a count reading the attribute's entry value after it was written, a count another
-    attribute holds too (another attribute's count would then carry the same expression),
+    attribute holds too (another attribute's count would then carry the same expression), a
+    copy of another attribute's value as read (a later read of it is the same expression),
     writes from two traced passes."""
     steps = [(c.expr, r, c.trace) for c, r in zip(calls, ran) if c.key == key]
-    if any(expr is None for expr, _, _ in steps) or len({t for _, _, t in steps}) > 1:
+    if len({t for _, _, t in steps}) > 1 or any(
+        # another attribute's value as read: a later read of that attribute is the same
+        # expression, so a step could not be told from a read of it
+        expr is None or (expr[0] == "read" and expr[1] != key) for expr, _, _ in steps
+    ):
         return None
     mine = [expr for expr, _, _ in steps]
     ids = {id(e) for e in mine}
@@ -537,7 +542,7 @@ def _share(key: tuple, calls: Sequence[BackwardCall], ran: Sequence[bool]) -> tu
     current, previous = entry, entry
     for expr, run, _ in steps:
         if run:
-            current = _replace(expr, previous, current, key)
+            current = _replace(expr, previous, current, key, previous is entry)
             if current is None:
                 return None
         previous = expr
@@ -550,17 +555,17 @@ def _holds(expr: tuple, ids: set[int]) -> bool:
     return expr[0] not in ("read", "const") and (_holds(expr[1], ids) or _holds(expr[2], ids))
 
 
-def _replace(expr: tuple, previous: tuple, current: tuple, key: tuple) -> tuple | None:
-    """``expr`` with ``previous`` (by identity; the entry read by value) replaced by
-    ``current``; None where it reads ``key`` elsewhere."""
-    if expr is previous or (previous[0] == "read" and expr == previous):
+def _replace(expr: tuple, previous: tuple, current: tuple, key: tuple, first: bool) -> tuple | None:
+    """``expr`` with ``previous`` (by identity; for the first write, the attribute's read by
+    value) replaced by ``current``; None where it reads ``key`` elsewhere."""
+    if expr is previous or (first and expr == previous):
         return current
     if expr[0] == "read":
         return None if expr[1] == key else expr
     if expr[0] == "const":
         return expr
-    left = _replace(expr[1], previous, current, key)
-    right = _replace(expr[2], previous, current, key)
+    left = _replace(expr[1], previous, current, key, first)
+    right = _replace(expr[2], previous, current, key, first)
     if left is None or right is None:
         return None
     return (expr[0], left, right)

@@ -842,20 +842,47 @@ class CountsThroughASecondName(CountsBackwardOps):
         return out
 
 
+class SetsACopyOfAnother(CountsBackwardOps):
+    """Each backward op sets the count to another attribute's value, as read."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = CountsBackwardOps.__new__(cls, elem)
+        r.base = 10
+        return r
+
+    @staticmethod
+    def backward_op(w, out):
+        w.bw = w.base
+        return out
+
+
+class SetsFromAnother(SetsACopyOfAnother):
+    """Each backward op sets the count from another attribute."""
+
+    @staticmethod
+    def backward_op(w, out):
+        w.bw = w.base + 1
+        return out
+
+
 def _user_state(t):
     return {k: v for k, v in vars(t).items() if not isinstance(v, torch.Tensor)}
 
 
 @pytest.mark.parametrize("run_name", ["ya_backward", "yb_backward", "grad_ya_x"])
 @pytest.mark.parametrize(
-    "cls", [CountsBackwardOps, CountsBackwardOpsAffinely, CountsThroughASecondName], ids=["plus_one", "affine", "second_name"]
+    "cls",
+    [CountsBackwardOps, CountsBackwardOpsAffinely, CountsThroughASecondName, SetsACopyOfAnother, SetsFromAnother],
+    ids=["plus_one", "affine", "second_name", "copy_of_another", "from_another"],
 )
 def test_one_share_of_a_count(cls, run_name):
     """Note [One share of a count]: ``w`` takes part in an op of each loss, and the backward
     of one loss runs the calls counting on ``w`` of one op only. The compiled backward
     writes the count of the calls eager runs, over two steps (the second counts on from the
-    first); where a call counts on through a second attribute that share is not known, and
-    the backward is refused with nothing written or accumulated."""
+    first); where a call counts on through a second attribute, or sets a copy of another
+    attribute's value (which a later read of it gives too: the steps cannot be told apart),
+    that share is not known, and the backward is refused with nothing written or accumulated."""
     how = _PART_RUNS[run_name]
 
     def run(f):
@@ -881,7 +908,7 @@ def test_one_share_of_a_count(cls, run_name):
     counter = CompileCounterWithBackend("aot_eager")
     compiled = run(torch.compile(_shared_weight, backend=counter, fullgraph=True))
     if compiled == "refused":
-        assert cls is CountsThroughASecondName, "refused where each call counts on from the one before it"
+        assert cls in (CountsThroughASecondName, SetsACopyOfAnother), "refused where each call counts on from the one before it"
     else:
         assert compiled == eager
     assert counter.frame_count == 1
