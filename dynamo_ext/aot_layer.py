@@ -428,6 +428,7 @@ class Planner:
         late = Scope(answer=self.answer_backward, label="backward")
         late.check_inner = False
         late.watch_caught = None  # only AOTAutograd traces the backward
+        late.written_reads = set()
         if self.in_joint:
             self.backward_code = free_state.Collector(_JOINT_BOUNDARY)
             late.on_access = self.backward_code.on_access
@@ -638,7 +639,11 @@ class Planner:
         forward = {(w.input_index, w.path, w.name) for w in self.writes or ()}
         # each write with the graph nodes of the call that made it, the count it wrote and its pass
         call_events: list[tuple[tuple, tuple[str, ...] | None, tuple | None, int]] = []
+        written_reads: set[tuple] = set()
         for trace, scope in enumerate(self._late):
+            written_reads.update(
+                (t.data.index, t.data.path, name) for t, name in scope.written_reads or () if isinstance(t.data, _Where)
+            )
             events = scope.kept if scope.kept is not None else scope.settle()
             _refuse_caught(scope)
             _refuse_split(scope)
@@ -688,6 +693,7 @@ class Planner:
             None if self._backward_exact() or self.tape.unseen else frozenset(
                 k for d in self.tape.decisions for k in counters.reads_in(d.expr)
             ),
+            frozenset(written_reads),
         ) if self.joint_graph is not None else None
         self._check_forward_reads(recorded)
         if self.backward or self.backward_reads or self.tape.decisions:

@@ -612,6 +612,8 @@ class Scope:
         self.call_nodes: dict[int, tuple[str, ...]] | None = None
         #: id(object made during the scope) -> its key (See OnePerKey)
         self.birth_keys: dict[int, Any] = {}
+        #: (tracked, name) of values the traced code wrote and user code read back; None: not noted
+        self.written_reads: set[tuple[Tracked, str]] | None = None
         # exceptions that left a user dispatch while traced (See Note [An exception dispatch
         # raised that torch swallowed])
         self.raised: list[BaseException] = []
@@ -687,6 +689,10 @@ class Scope:
             and not _carried_by_ctx(t, name, get)
         ):
             raise SlotState(t, name, "read")  # See Note [State in __slots__]
+        if self.written_reads is not None and (name in t.written or name == "__dict__") and _called_from_user(3):
+            # a value the traced code wrote, read back (the traced backward's: See Note [A
+            # backward run for part of the graph] in partial_backward.py)
+            self.written_reads.update((t, n) for n in ((name,) if name != "__dict__" else t.written))
         if name == "__dict__":
             # User code reading __dict__ itself sees every entry eager would find there.
             if t.on_read is not None and not t.dict_complete and not _called_from_torch(3):

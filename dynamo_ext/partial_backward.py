@@ -32,7 +32,8 @@ writing call:
   runs whole, with zeros where eager gives it an undefined gradient.
 - otherwise it is not known (a call whose op feeds no gradient, a Function's backward under
   input pruning): refused, as is a skipped attribute that a running call's count, a decision
-  of the traced backward or text it wrote may have read.
+  of the traced backward or text it wrote may have read, or whose written value any call
+  read back (``if not self.seen: self.seen = True``: the call eager runs finds it unset).
 
 The written attributes of calls that do not run are left as they are; the others are set as
 for the whole backward.
@@ -118,6 +119,9 @@ class BackwardParts:
     #: keys the traced backward's decisions read, or None where everything it read was
     #: baked in (text, containers)
     decision_reads: frozenset | None = frozenset()
+    #: keys whose value a call of the traced backward wrote and user code read back after
+    #: (any value: a flag set once and tested by the next call)
+    written_reads: frozenset = frozenset()
     #: (input, the gradients reaching its gradient upstream, group by group): an input whose
     #: gradient no defined incoming gradient reaches gets None, not zeros
     fed_by: tuple[tuple[int, int], ...] = ()
@@ -388,6 +392,7 @@ def analyse(
     fw_metadata: Any,
     count_reads: dict[tuple, frozenset] | None = None,
     decision_reads: frozenset | None = frozenset(),
+    written_reads: frozenset = frozenset(),
 ) -> BackwardParts:
     """The parts of the joint graph each write of the traced backward needs, and which
     inputs' gradients may get no defined incoming gradient. ``events``, in the order they
@@ -410,6 +415,7 @@ def analyse(
         calls=tuple(joint.call(*e) for e in events),
         count_reads=tuple((count_reads or {}).items()),
         decision_reads=decision_reads,
+        written_reads=written_reads,
         fed_by=joint.fed_by(),
     )
 
@@ -496,14 +502,16 @@ def decide(node: Any, parts: BackwardParts, grad_outputs: Sequence[Any]) -> Run:
             "leave is not known: each call's own count is known only where it counts on from the value "
             "the call before it left"
         )
-    if skipped and runs:
+    if skipped:
         # what the kept writes are computed from must be what eager's calls find: no count
         # (a share reads its own attribute's entry value) or decision of the traced backward
-        # read an attribute a skipped call wrote
+        # read an attribute a skipped call wrote, nor a call read back what one wrote (a
+        # call that wrote nothing in the trace, its branch decided by what a skipped call
+        # wrote, may write in eager's run)
         reads = set().union(*(r for k, r in parts.count_reads if k in runs and k not in both))
         for k, share in shares.items():
             reads |= set(counters.reads_in(share)) - {k}
-        if parts.decision_reads is None or (reads | parts.decision_reads) & skipped:
+        if parts.decision_reads is None or (reads | parts.decision_reads) & skipped or parts.written_reads & (skipped - both):
             raise _refuse(
                 f"what the backward writes on {sorted(k[2] for k in runs)} may read what the calls eager's "
                 f"backward would not run write on {sorted(k[2] for k in skipped)}"

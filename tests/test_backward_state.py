@@ -914,6 +914,76 @@ def test_one_share_of_a_count(cls, run_name):
     assert counter.frame_count == 1
 
 
+class SetsAFlagOnce(CountsBackwardOps):
+    """The first backward op notes the count it found, once (a flag, then a count)."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = CountsBackwardOps.__new__(cls, elem)
+        r.flag, r.first = False, -1
+        return r
+
+    @staticmethod
+    def backward_op(w, out):
+        if not w.flag:
+            w.flag = True
+            w.first = w.bw
+        w.bw = w.bw + 1
+        return out
+
+
+class CountsUpToTwo(CountsBackwardOps):
+    """A capped count: the backward ops after the second write nothing."""
+
+    @staticmethod
+    def backward_op(w, out):
+        if w.bw < 2:
+            w.bw = w.bw + 1
+        return out
+
+
+def _divided_and_squared(x, w, v):
+    return (x / w).sum(), (w * w * v).sum()
+
+
+def _times_and_times(x, w, v):
+    return (x * w).sum(), (w * v).sum()
+
+
+@pytest.mark.parametrize("run_name", ["ya_backward", "grad_ya_x", "sum_backward"])
+@pytest.mark.parametrize("program", [_divided_and_squared, _times_and_times], ids=["divided", "times"])
+@pytest.mark.parametrize("cls", [SetsAFlagOnce, CountsUpToTwo], ids=["flag_once", "capped"])
+def test_a_call_deciding_on_what_a_skipped_call_wrote(cls, program, run_name):
+    """The traced backward ran the other loss's calls first: they set the flag (or reached
+    the cap), and this loss's calls, reading that back, wrote nothing of it. Eager's
+    backward of this loss alone runs only this loss's calls, which find the flag unset (the
+    count under the cap) and write. The writes of the calls that do not run were left
+    alone, and nothing was written where eager writes (an outside tester's find): now
+    refused where a value a skipped call wrote was read back or decided on, before anything
+    is written or accumulated."""
+    how = _PART_RUNS[run_name]
+
+    def run(f):
+        x = torch.ones(3, requires_grad=True)
+        w = cls(torch.full((3,), 2.0)).requires_grad_()
+        v = torch.full((3,), 3.0, requires_grad=True)
+        ya, yb = f(x, w, v)
+        before = (_user_state(w), x.grad, w.grad, v.grad)
+        try:
+            got = how(ya, yb, x, w, v)
+        except SubclassWriteError as e:
+            assert e.kind is RefusalKind.WRITE_IN_BACKWARD, e
+            assert (_user_state(w), x.grad, w.grad, v.grad) == before
+            return "refused"
+        grads = [None if t.grad is None else _listed(t.grad) for t in (x, w, v)]
+        return _user_state(w), grads, [_listed(g) for g in got or ()]
+
+    torch._dynamo.reset()
+    eager = run(program)
+    compiled = run(torch.compile(program, backend="aot_eager", fullgraph=True))
+    assert compiled == "refused" and run_name != "sum_backward" or compiled == eager
+
+
 def test_a_loss_and_an_activation_returned_backward_of_the_loss():
     """The common case stays whole: the activation returned beside the loss gets no gradient,
     but every op that counts is upstream of the loss too, so eager runs all of them."""
