@@ -640,7 +640,9 @@ class Planner:
         # each write with the graph nodes of the call that made it, the count it wrote and its pass
         call_events: list[tuple[tuple, tuple[str, ...] | None, tuple | None, int]] = []
         written_reads: set[tuple] = set()
+        changing: list[tuple[str, ...]] = []
         for trace, scope in enumerate(self._late):
+            changing.extend(scope.changing_calls)
             written_reads.update(
                 (t.data.index, t.data.path, name) for t, name in scope.written_reads or () if isinstance(t.data, _Where)
             )
@@ -694,6 +696,7 @@ class Planner:
                 k for d in self.tape.decisions for k in counters.reads_in(d.expr)
             ),
             frozenset(written_reads),
+            changing,
         ) if self.joint_graph is not None else None
         self._check_forward_reads(recorded)
         if self.backward or self.backward_reads or self.tape.decisions:

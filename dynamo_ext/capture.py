@@ -610,6 +610,9 @@ class Scope:
         #: (the traced backward's scope: See Note [A backward run for part of the graph] in
         #: aot_layer.py); None: not noted.
         self.call_nodes: dict[int, tuple[str, ...]] | None = None
+        #: the graph nodes of each dispatch call that computed more from its op's result
+        #: (noted where call_nodes is)
+        self.changing_calls: list[tuple[str, ...]] = []
         #: id(object made during the scope) -> its key (See OnePerKey)
         self.birth_keys: dict[int, Any] = {}
         #: (tracked, name) of values the traced code wrote and user code read back; None: not noted
@@ -1045,9 +1048,12 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
                     _local.caught_tracer = None
                 stack.pop()
                 if graph is not None:
-                    names = tuple(n.name for n in itertools.islice(graph.nodes, first_node, None))
+                    nodes = list(itertools.islice(graph.nodes, first_node, None))
+                    names = tuple(n.name for n in nodes)
                     for w in scope.events[first_event:]:  # an inner call's writes are its own
                         scope.call_nodes.setdefault(id(w), names)
+                    if _changes_its_result(func, nodes):
+                        scope.changing_calls.append(names)
 
         hooks["__torch_dispatch__"] = classmethod(__torch_dispatch__)
     return hooks
@@ -1266,6 +1272,21 @@ def _data_dependent(exc: BaseException) -> bool:
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     return isinstance(exc, (GuardOnDataDependentSymNode, DataDependentOutputException))
+
+
+_PASSING = frozenset({"aten.detach.default", "aten.alias.default"})
+
+
+def _changes_its_result(func: Any, nodes: list) -> bool:
+    """Whether a dispatch call computed more from its op's result (``out * self.scale``):
+    a call whose nodes use the op's node for anything but passing it on. Run on a zero
+    gradient eager never computes, its result need not be zero (See Note [A backward run for
+    part of the graph] in partial_backward.py)."""
+    ops = [n for n in nodes if n.op == "call_function" and n.target is func]
+    return any(
+        n.op == "call_function" and str(n.target) not in _PASSING and any(a in ops for a in n.all_input_nodes)
+        for n in nodes
+    ) if ops else any(n.op == "call_function" for n in nodes)
 
 
 def caught_context(caught: BaseException) -> str:

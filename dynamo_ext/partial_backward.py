@@ -30,6 +30,12 @@ writing call:
   formula for those edges is not computed: ``task_should_compute_output``). Each needs the
   group to have a forward op of its own: an ``autograd.Function``'s backward has none, and
   runs whole, with zeros where eager gives it an undefined gradient.
+- a dispatch call that computes more from its op's result (``out * self.scale``: its nodes
+  use the op's node) is refused where an undefined incoming gradient reaches it and what it
+  gives reaches a gradient that is kept: eager's engine never runs it on that gradient (it
+  does not sum an undefined one in), the compiled backward runs it on zeros, and a transformed
+  zero need not be zero (a fuzz find: a subclass scaling ``add``'s result, summing the
+  gradients of ``x + x``).
 - otherwise it is not known (a call whose op feeds no gradient, a Function's backward under
   input pruning): refused, as is a skipped attribute that a running call's count, a decision
   of the traced backward or text it wrote may have read, or whose written value any call
@@ -122,13 +128,16 @@ class BackwardParts:
     #: keys whose value a call of the traced backward wrote and user code read back after
     #: (any value: a flag set once and tested by the next call)
     written_reads: frozenset = frozenset()
+    #: (the incoming gradients reaching it, the inputs whose gradients it reaches; None where
+    #: not known) for each dispatch call that computed more from its op's result
+    changing: tuple[tuple[int, frozenset[int]] | None, ...] = ()
     #: (input, the gradients reaching its gradient upstream, group by group): an input whose
     #: gradient no defined incoming gradient reaches gets None, not zeros
     fed_by: tuple[tuple[int, int], ...] = ()
 
     @property
     def may_refuse(self) -> bool:
-        return bool(self.calls) and (self.mapped or self.coarse[0] or self.coarse[1])
+        return bool(self.changing) or bool(self.calls) and (self.mapped or self.coarse[0] or self.coarse[1])
 
     @property
     def drops(self) -> bool:
@@ -368,6 +377,16 @@ class _Joint:
             trace=trace,
         )
 
+    def changing(self, names: tuple[str, ...]) -> tuple[int, frozenset[int]] | None:
+        mine = [self.by_name[n] for n in names if n in self.by_name]
+        if not mine:
+            return None
+        reach = _below(mine)
+        return (
+            _or(self.reach.get(n, 0) for n in mine),
+            frozenset(p for leaf, ps in self.gradient_of.items() if leaf in reach for p in ps),
+        )
+
     def fed_by(self) -> tuple[tuple[int, int], ...]:
         """Each input's gradient with the incoming gradients that reach it upstream (inputs
         where that is not known, or whose gradient depends on none, are left out)."""
@@ -393,18 +412,20 @@ def analyse(
     count_reads: dict[tuple, frozenset] | None = None,
     decision_reads: frozenset | None = frozenset(),
     written_reads: frozenset = frozenset(),
+    changing: Sequence[tuple[str, ...]] = (),
 ) -> BackwardParts:
     """The parts of the joint graph each write of the traced backward needs, and which
     inputs' gradients may get no defined incoming gradient. ``events``, in the order they
     were made: (key written, the names of the graph nodes its dispatch call traced[, the
     expression of the count written or None, the traced pass])."""
     coarse = coarse_needs(graph, [e[1] for e in events])
+    unknown = (None,) * len(changing)
     if graph is None or fw_metadata is None:
-        return BackwardParts(coarse)
+        return BackwardParts(coarse, changing=unknown)
     try:
         joint = _Joint(graph, fw_metadata)
     except (_Unmapped, AttributeError, TypeError, ValueError, IndexError):  # descriptors of another shape
-        return BackwardParts(coarse)
+        return BackwardParts(coarse, changing=unknown)
     return BackwardParts(
         coarse,
         mapped=True,
@@ -416,6 +437,7 @@ def analyse(
         count_reads=tuple((count_reads or {}).items()),
         decision_reads=decision_reads,
         written_reads=written_reads,
+        changing=tuple(joint.changing(names) for names in changing),
         fed_by=joint.fed_by(),
     )
 
@@ -453,6 +475,12 @@ class Run(NamedTuple):
 
 WHOLE = Run(frozenset(), frozenset())
 
+_CHANGING = (
+    "a dispatch call of the backward computes more from its op's result (out * self.scale) where an output "
+    "gets no gradient: eager's backward does not run it there, and the compiled backward runs it on zeros "
+    "and keeps what it gives in a gradient"
+)
+
 
 def decide(node: Any, parts: BackwardParts, grad_outputs: Sequence[Any]) -> Run:
     """For this run of the compiled backward: the keys of the backward's writes eager's
@@ -462,11 +490,18 @@ def decide(node: Any, parts: BackwardParts, grad_outputs: Sequence[Any]) -> Run:
     defined = _bits(i for i, g in enumerate(grad_outputs) if g is not None)
     nexts = node.next_functions
     if not parts.mapped or len(grad_outputs) != parts.n_outputs or len(nexts) != parts.n_inputs:
+        if parts.changing and any(g is None for g in grad_outputs):
+            raise _refuse(_CHANGING)
         return Run(_coarse(node, parts.coarse, grad_outputs), frozenset())
     every_tangent = parts.tangents & defined == parts.tangents
     if every_tangent and not parts.calls:
         return WHOLE
     nulled = frozenset() if every_tangent else frozenset(j for j, mask in parts.fed_by if not mask & defined)
+    if not every_tangent:
+        undefined = parts.tangents & ~defined
+        for changing in parts.changing:
+            if changing is None or (changing[0] & undefined and not changing[1] <= nulled):
+                raise _refuse(_CHANGING)
     if not parts.calls:
         return Run(frozenset(), nulled)
     wanted = {j for j, (fn, _) in enumerate(nexts) if _wanted(fn)}

@@ -654,6 +654,19 @@ FOUND = [
         "requires_grad=False,calls=2)",
         "aot_eager",
     ),
+    # A subclass whose ``add`` scales its result by a closure knob; ``x + x`` twice, the
+    # backward of the first output only: the compiled backward summed the second output's
+    # zero gradient in through that add, which eager never runs (x's gradient off by a
+    # quarter once the knob moved). Refused where an undefined gradient reaches such a call.
+    (
+        "Spec(writes=(), ctor=(), unflatten=None, getattr_kind=None, getattr_reads=(),"
+        " ext_reads=(ExtRead(op='add', source='closure_var', use='output'),), inner=None, inner_writes=(),"
+        " alias=None, alias_op=None, alias_use=False)",
+        "Program(n_inputs=1, steps=(('add', 0, 0), ('add', 0, 0)), break_after=None, requires_grad=True, calls=2,"
+        " dynamic=False, batch='same', changes=(), ext_changes=((1, 'closure_var', 0.5),), break_top=False,"
+        " reads_globals=False, part='first')",
+        "aot_eager",
+    ),
 ]
 
 
