@@ -670,7 +670,24 @@ FOUND = [
 ]
 
 
-@pytest.mark.parametrize("spec,program,backend", FOUND)
+#: Found and not fixed yet. The recompile for the second call's batch size (dynamic shapes):
+#: the backward of the first output sends x1 zeros where eager leaves its gradient None
+#: (the first call's graph drops it; silent on bd37631 too).
+OPEN = [
+    pytest.param(
+        "Spec(writes=(Write(op='add', kind='constant', attr='a', in_ctx=False, grows_flatten=False),), ctor=(),"
+        " unflatten=None, getattr_kind=None, getattr_reads=(), ext_reads=(), inner=None, inner_writes=(),"
+        " alias=None, alias_op='mul', alias_use=False)",
+        "Program(n_inputs=2, steps=(('add', 0, 0), ('add', 0, 1)), break_after=None, requires_grad=True, calls=2,"
+        " dynamic=None, batch='grow', changes=(), ext_changes=(), break_top=False, reads_globals=False,"
+        " part='first')",
+        "aot_eager",
+        marks=pytest.mark.xfail(strict=True, reason="open: zeros where eager leaves no gradient after a dynamic recompile"),
+    ),
+]
+
+
+@pytest.mark.parametrize("spec,program,backend", FOUND + OPEN)
 def test_a_case_the_fuzzer_found(spec, program, backend):
     import fuzz_parts as F
 
