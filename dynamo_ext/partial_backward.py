@@ -361,7 +361,7 @@ class _Joint:
             return BackwardCall(key, None, None, frozenset(), None, expr=expr, trace=trace)
         group = set(mine).union(*(self.groups.get(s, []) for s in seqs))
         reach = _below(mine)
-        gradients = frozenset(p for leaf, ps in self.gradient_of.items() if leaf in reach for p in ps)
+        gradients = self._gradients_in(reach)
         builtin = all(self.forward_ops.get(s) for s in seqs)
         upstream = _or(self.group_up.get(s, 0) for s in seqs) | _or(self.up.get(n, 0) for n in mine)
         needs = [_or(self.needs.get(n, 0) for n in self.forward_ops.get(s, ())) for s in seqs]
@@ -381,11 +381,11 @@ class _Joint:
         mine = [self.by_name[n] for n in names if n in self.by_name]
         if not mine:
             return None
-        reach = _below(mine)
-        return (
-            _or(self.reach.get(n, 0) for n in mine),
-            frozenset(p for leaf, ps in self.gradient_of.items() if leaf in reach for p in ps),
-        )
+        return _or(self.reach.get(n, 0) for n in mine), self._gradients_in(_below(mine))
+
+    def _gradients_in(self, nodes: set[Any]) -> frozenset[int]:
+        """The inputs whose gradients are among ``nodes``."""
+        return frozenset(p for leaf, ps in self.gradient_of.items() if leaf in nodes for p in ps)
 
     def fed_by(self) -> tuple[tuple[int, int], ...]:
         """Each input's gradient with the incoming gradients that reach it upstream (inputs

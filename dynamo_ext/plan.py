@@ -445,8 +445,8 @@ class Replay:
         drops = whole is not None and whole.drops
         counted = self._counted
 
-        # this run's (writes eager would not make, gradients eager leaves undefined), set
-        # by before_backward (See Note [A backward run for part of the graph] in partial_backward.py)
+        # this run's writes eager would not make, gradients eager leaves undefined and shares
+        # of counts, set by before_backward (See Note [A backward run for part of the graph] in partial_backward.py)
         this_run: list[partial_backward.Run] = [partial_backward.WHOLE]
 
         def before_backward(grad_outputs: Any) -> None:
