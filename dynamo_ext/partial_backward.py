@@ -178,6 +178,16 @@ def _base(desc: Any) -> Any:
     return desc
 
 
+def _metadata(desc: Any) -> bool:
+    """A subclass gradient's size or stride (under dynamic shapes a SymInt the graph returns,
+    often an input's own): not the gradient's data, and reached by no tangent."""
+    while type(desc).__name__ in _SUBCLASS_PARTS:
+        if type(desc).__name__ in ("SubclassSizeAOTOutput", "SubclassStrideAOTOutput"):
+            return True
+        desc = desc.base
+    return False
+
+
 def _below(start: Iterable[Any]) -> set[Any]:
     seen, stack = set(start), list(start)
     while stack:
@@ -286,7 +296,7 @@ class _Joint:
         self.gradient_of: dict[Any, set[int]] = {}
         for leaf, desc in zip(leaves, descs):
             d = _base(desc) if desc is not None else None
-            if type(d).__name__ != "GradAOTOutput" or not isinstance(leaf, torch.fx.Node):
+            if type(d).__name__ != "GradAOTOutput" or not isinstance(leaf, torch.fx.Node) or _metadata(desc):
                 continue
             pos = input_of.get(_base(d.grad_of))
             if pos is None:
