@@ -459,6 +459,48 @@ class Planner:
             # backward's reads (See Note [Where the traced backward begins]).
             self._late_pending = late
 
+    def watch_outputs(self, outputs: Any) -> None:
+        """Note [A write in the backward on an output]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        Eager's backward dispatches on the tensors autograd saved, and a saved tensor is the
+        caller's object: ``h`` returned by the forward and saved for ``linear``'s weight
+        gradient gets the write ``h.t()`` makes in the backward (a count, the last op's
+        name; an outside tester's find). The compiled backward runs on the plain tensors
+        AOTAutograd saved, and the caller's ``h`` is rebuilt from the forward's outputs:
+        the traced write landed on a trace-time instance and was lost. The forward's
+        output subclasses (and those nested in them, and those its writes put on an input)
+        are watched while the backward is traced, and a write on one is refused at compile
+        time (``write_in_backward``; without fullgraph the frame runs eagerly). Writes on
+        intermediates no caller reaches are unobservable, as in eager."""
+        late = self._late[-1] if self._late else None
+        if late is None:
+            return
+        reachable: dict[int, tuple[Any, str]] = {}
+        with capture.unobserved():
+            stack = [(leaf, f"output {k}") for k, leaf in enumerate(pytree.tree_leaves(outputs))]
+            stack += [(v, "a tensor the forward wrote on an input") for v in self.forward_values.values()]
+            while stack:
+                obj, where = stack.pop()
+                if not _is_subclass(obj) or id(obj) in reachable or late.lookup(obj) is not None:
+                    continue
+                reachable[id(obj)] = (obj, where)
+                for name in capture._flatten_names(obj):
+                    stack.append((getattr(obj, name, None), f"{where} (its {name!r})"))
+        late.reachable = reachable
+
+    def refuse_reachable_writes(self) -> None:
+        late = self._late[-1] if self._late else None
+        if late is None or not late.reachable_writes:
+            return
+        obj, name, where = late.reachable_writes[0]
+        late.reachable = {}
+        raise SubclassWriteError(
+            RefusalKind.WRITE_IN_BACKWARD, type(obj).__name__, name, "write on a tensor the caller holds",
+            context=f"the backward writes {name!r} on {where} of the compiled graph, a tensor autograd saved for the "
+            "backward: eager's backward writes on the caller's object, the compiled backward runs on plain saved "
+            "tensors (See Note [A write in the backward on an output] in aot_layer.py)",
+        )
+
     def note_backward_free_state(self) -> None:
         """What the traced backward's code can reach outside the tensors, checked again
         when the compiled backward runs (See Note [State the traced backward reads outside
@@ -2169,6 +2211,8 @@ def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def forward_half(*a: Any, **kw: Any) -> Any:
             out = fn(*a, **kw)
+            if planner.in_joint:
+                planner.watch_outputs(out)  # See Note [A write in the backward on an output]
             planner.open_late()  # See Note [Where the traced backward begins]
             return out
 
@@ -2182,6 +2226,7 @@ def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 with watch.watching() as changes, _anomaly_reports_kept_unless_refused():
                     out = _traced_joint(joint, a, kw)
+                planner.refuse_reachable_writes()
                 planner.note_backward_free_state()
                 if changes:
                     raise SubclassWriteError(

@@ -630,6 +630,11 @@ class Scope:
         #: (class, decomposed op) for each user dispatch call handed a part of an op torch's
         #: Python decomposition split while traced (See Note [An op split while traced])
         self.decomposed: list[tuple[type, str]] = []
+        #: id(object) -> (object, where): untracked objects eager's caller can reach after the
+        #: trace (the traced backward's: the forward's outputs), whose writes are noted in
+        #: ``reachable_writes`` (See Note [A write in the backward on an output])
+        self.reachable: dict[int, tuple[Any, str]] = {}
+        self.reachable_writes: list[tuple[Any, str, str]] = []
 
     # -- tracking -----------------------------------------------------------
 
@@ -907,6 +912,15 @@ def _tracked_here(obj: Any) -> tuple[Scope | None, Tracked | None]:
     return scope, t
 
 
+def _note_reachable_write(obj: Any, name: str) -> None:
+    scope = getattr(_local, "scope", None)
+    if scope is None or not scope.reachable or is_torch_internal(name):
+        return
+    held = scope.reachable.get(id(obj))
+    if held is not None and held[0] is obj:
+        scope.reachable_writes.append((obj, name, held[1]))
+
+
 def sets_besides(t: "Tracked", name: str) -> bool:
     """``name`` was set on ``t``'s object by its class's own ``__setattr__`` while handling an
     assignment to another name (a count of sets, a renamed key): replaying the assigned names
@@ -957,7 +971,9 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
 
     def __setattr__(obj: Any, name: str, value: Any) -> None:
         scope, t = _tracked_here(obj)
-        if scope is not None and not is_torch_internal(name) and id(obj) not in scope.constructing:
+        if scope is None:
+            _note_reachable_write(obj, name)
+        elif not is_torch_internal(name) and id(obj) not in scope.constructing:
             if t is None:  # a registered state object the trace reached through a ctx
                 t = scope.track(obj, obj)
             if scope.on_access is not None:  # a hook that only writes: its closure is read too
@@ -974,7 +990,9 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
 
     def __delattr__(obj: Any, name: str) -> None:
         scope, t = _tracked_here(obj)
-        if scope is not None and not is_torch_internal(name):
+        if scope is None:
+            _note_reachable_write(obj, name)
+        elif not is_torch_internal(name):
             if t is None:
                 t = scope.track(obj, obj)
             scope.delete(t, name)

@@ -132,7 +132,8 @@ REFUSALS: dict[RefusalKind, Refusal] = {
             RefusalKind.WRITE_IN_BACKWARD,
             "A write made in the backward that cannot be replayed when the compiled backward runs "
             "(a gradient's ctx value unknown at run time; a backward for part of the graph where what "
-            "eager's calls leave is not known; checkpointing, saved-tensor hooks or create_graph=True).",
+            "eager's calls leave is not known; a write on a saved output; checkpointing, saved-tensor hooks "
+            "or create_graph=True).",
             "dynamo_ext replays a backward write when the compiled backward runs if its value is a "
             "constant or an int computed from the state the backward read, and the forward does "
             "not write the same attribute; this one is not such a write.",

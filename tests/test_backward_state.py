@@ -1723,3 +1723,107 @@ def test_a_backward_run_for_part_of_the_graph_after_a_dynamic_recompile(program,
             assert (program, run_name) not in _PART_EXACT, "refused where eager's counts are known"
         else:
             assert got == eager
+
+
+class CountsInCtx(torch.Tensor):
+    """Counts the ops it takes part in, the count in its flatten ctx; results are of its class."""
+
+    @staticmethod
+    def __new__(cls, elem, calls=0):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem, calls=0):
+        self.elem = elem
+        self.calls = calls
+
+    def __tensor_flatten__(self):
+        return ["elem"], self.calls
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"], ctx)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for a in args:
+            if isinstance(a, cls):
+                a.calls += 1
+        out = func(*tree_map_only(cls, lambda t: t.elem, args), **tree_map_only(cls, lambda t: t.elem, kwargs))
+        return tree_map_only(torch.Tensor, cls, out)
+
+
+class TagsLastOp(CountsInCtx):
+    """Records the last op it took part in, outside the ctx."""
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for a in args:
+            if isinstance(a, cls):
+                a.last_op = func._schema.name
+        out = func(*tree_map_only(cls, lambda t: t.elem, args), **tree_map_only(cls, lambda t: t.elem, kwargs))
+        return tree_map_only(torch.Tensor, cls, out)
+
+
+def _returns_a_saved_input(w0, w1, x):
+    h = torch.nn.functional.gelu(torch.nn.functional.linear(x, w0))
+    return torch.nn.functional.linear(h, w1), h  # h: saved as linear's input, returned
+
+
+def _returns_an_inner_of_an_output(w0, w1, x):
+    h = torch.nn.functional.linear(x, w0)
+    return torch.nn.functional.linear(h, w1), h * 1
+
+
+def _returns_a_saved_result(w0, w1, x):
+    e = (torch.nn.functional.linear(x, w0) * w1[0]).exp()  # exp saves its result: eager writes on a detached copy
+    return e.sum(dim=0), e
+
+
+def _state_of(objs):
+    return {k: {n: v for n, v in vars(o).items() if n != "elem"} for k, o in objs.items()}
+
+
+@pytest.mark.parametrize("cls", [CountsInCtx, TagsLastOp])
+@pytest.mark.parametrize("program", ["saved_input", "not_saved", "saved_result"])
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "no_fullgraph"])
+def test_a_write_in_the_backward_on_an_output(cls, program, fullgraph):
+    """Note [A write in the backward on an output]: eager's backward dispatches on the tensors
+    autograd saved, and a saved input is the caller's object (``h`` returned and used by
+    ``linear``): its backward's write lands there. The compiled backward lost it (an outside
+    tester's find); it is refused at compile time, and without fullgraph the frame runs
+    eagerly. A saved result is unpacked as another object in eager too, and an output no
+    backward op reads gets no write: those compile."""
+    fn = {"saved_input": _returns_a_saved_input, "not_saved": _returns_an_inner_of_an_output,
+          "saved_result": _returns_a_saved_result}[program]
+
+    def run(f):
+        torch.manual_seed(0)
+        w0 = cls(torch.randn(4, 4)).requires_grad_()
+        w1 = cls(torch.randn(4, 4)).requires_grad_()
+        x = torch.randn(3, 4)
+        y, h = f(w0, w1, x)
+        y.sum().backward()
+        return _state_of({"w0": w0, "w1": w1, "y": y, "h": h}), [w.grad.elem.tolist() for w in (w0, w1)]
+
+    torch._dynamo.reset()
+    eager = run(fn)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(fn, backend=counter, fullgraph=fullgraph)
+    refused = program == "saved_input"
+    if refused and fullgraph:
+        with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="write_in_backward") as info:
+            run(compiled)
+        assert "output 1" in str(info.value)
+        return
+    assert run(compiled) == eager  # refused: the frame ran eagerly
+    if not refused:
+        assert counter.frame_count == 1
