@@ -1725,7 +1725,7 @@ def test_a_backward_run_for_part_of_the_graph_after_a_dynamic_recompile(program,
             assert got == eager
 
 
-class CountsInCtx(torch.Tensor):
+class CountsItsOps(torch.Tensor):
     """Counts the ops it takes part in, the count in its flatten ctx; results are of its class."""
 
     @staticmethod
@@ -1753,7 +1753,7 @@ class CountsInCtx(torch.Tensor):
         return tree_map_only(torch.Tensor, cls, out)
 
 
-class TagsLastOp(CountsInCtx):
+class TagsLastOp(CountsItsOps):
     """Records the last op it took part in, outside the ctx."""
 
     def __tensor_flatten__(self):
@@ -1792,7 +1792,7 @@ def _state_of(objs):
     return {k: {n: v for n, v in vars(o).items() if n != "elem"} for k, o in objs.items()}
 
 
-@pytest.mark.parametrize("cls", [CountsInCtx, TagsLastOp])
+@pytest.mark.parametrize("cls", [CountsItsOps, TagsLastOp])
 @pytest.mark.parametrize("program", ["saved_input", "not_saved", "saved_result"])
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "no_fullgraph"])
 def test_a_write_in_the_backward_on_an_output(cls, program, fullgraph):
