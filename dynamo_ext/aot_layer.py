@@ -472,7 +472,7 @@ class Planner:
         are watched while the backward is traced, and a write on one is refused at compile
         time (``write_in_backward``; without fullgraph the frame runs eagerly). Writes on
         intermediates no caller reaches are unobservable, as in eager."""
-        late = self._late[-1] if self._late else None
+        late = self._late_pending  # the backward's scope, set by keep_tracking in the joint pass only
         if late is None:
             return
         reachable: dict[int, tuple[Any, str]] = {}
@@ -2211,8 +2211,7 @@ def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def forward_half(*a: Any, **kw: Any) -> Any:
             out = fn(*a, **kw)
-            if planner.in_joint:
-                planner.watch_outputs(out)  # See Note [A write in the backward on an output]
+            planner.watch_outputs(out)  # See Note [A write in the backward on an output]
             planner.open_late()  # See Note [Where the traced backward begins]
             return out
 

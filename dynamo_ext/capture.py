@@ -913,7 +913,7 @@ def _tracked_here(obj: Any) -> tuple[Scope | None, Tracked | None]:
 
 
 def _note_reachable_write(obj: Any, name: str) -> None:
-    scope = getattr(_local, "scope", None)
+    scope = current()
     if scope is None or not scope.reachable or is_torch_internal(name):
         return
     held = scope.reachable.get(id(obj))
