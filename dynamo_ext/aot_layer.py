@@ -413,6 +413,10 @@ class Planner:
         [Symbolic text in the traced backward] in capture.py)."""
         values, self.deferred_guards[:] = list(self.deferred_guards), []
         for value in values:
+            marked = capture.marked_dynamic(value)
+            if marked is not None:  # See Note [A size marked dynamic given to dispatch as a number]
+                refusal = capture.MarkedDynamic(None, marked, "the traced backward")
+                raise SubclassWriteError(RefusalKind[refusal.kind_name], refusal.cls_name, marked, refusal.value_type, refusal.context)
             capture.guard_now(value)
 
     def keep_tracking(self, scope: Scope, net: Sequence[Write] = (), read: dict | None = None) -> None:
@@ -1508,7 +1512,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                     planner.made_by_dispatch = _made_by_dispatch(out)
             except capture.FlattenMismatch as bad:
                 raise SubclassWriteError(
-                    RefusalKind[bad.kind_name], bad.tracked.cls_name, bad.name, bad.value_type, bad.context
+                    RefusalKind[bad.kind_name], bad.cls_name, bad.name, bad.value_type, bad.context
                 ) from None
             if changes:
                 raise SubclassWriteError(

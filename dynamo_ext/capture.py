@@ -470,10 +470,11 @@ class FlattenMismatch(BaseException):
     context = ""
     hint = ""
 
-    def __init__(self, tracked: Tracked, name: str) -> None:
+    def __init__(self, tracked: Tracked | None, name: str) -> None:
         super().__init__(name)
         self.tracked = tracked
         self.name = name
+        self.cls_name = tracked.cls_name if tracked is not None else "traced function"
 
 
 # Note [State in __slots__]
@@ -1422,8 +1423,12 @@ def _concrete(value: Any) -> Any:
     if deferred is not None:
         hint = value.node.hint
         if hint is not None:
-            deferred.append(value)
+            deferred.append(value)  # a size marked dynamic is refused there (guard_deferred)
             return hint
+    marked = marked_dynamic(value)
+    if marked is not None:  # See Note [A size marked dynamic given to dispatch as a number]
+        klass = dispatching_class()
+        raise MarkedDynamic(None, marked, klass.__name__ if klass is not None else "traced function")
     return guard_now(value)
 
 
@@ -1437,6 +1442,81 @@ def _concrete(value: Any) -> Any:
 # size's hint, and the guard is added once AOTAutograd has compiled
 # (``aot_layer.Planner.guard_deferred``): the graph keeps the symbol, the compiled frame
 # runs only for that value, as for a guard made in the forward.
+
+
+# Note [A size marked dynamic given to dispatch as a number]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``mark_dynamic`` promises the size stays symbolic, and Dynamo raises
+# ``ConstraintViolationError`` at the end of the compile where something specialized it,
+# also under ``fullgraph=False``. Dispatch given a number made from such a size (``y /
+# x.shape[0]``, text made from it in the forward or the traced backward, ``mean``'s backward
+# dividing by the numel) would specialize it (See Note [Numbers dispatch is given]), and
+# giving dispatch the SymInt instead would let code that branches on ``isinstance(n, int)``
+# take the other branch silently. The op is refused (``unsupported_state_read``), naming
+# the size and ``maybe_mark_dynamic``, which lets it be specialized: under ``fullgraph=True``
+# an ``Unsupported``; otherwise the frame runs eagerly, not a graph break, as stock Dynamo
+# raises the same ``ConstraintViolationError`` when it resumes after a graph break with a
+# tensor made from the size (an input of the resumed code, its size static). In the traced
+# backward the value is answered by its hint as any other (See Note [Symbolic text in the
+# traced backward]) and the refusal raised where it would be guarded. A symbol is marked
+# where a tracked input's symbolic context holds a constraint that raises (not
+# ``warn_only``) for its size or stride (Dynamo's ``tracked_fakes``, inner tensors' contexts
+# too).
+
+
+class MarkedDynamic(FlattenMismatch):
+    """See Note [A size marked dynamic given to dispatch as a number]."""
+
+    kind_name = "UNSUPPORTED_STATE_READ"
+    value_type = "SymInt"
+
+    def __init__(self, tracked: Tracked | None, name: str, cls_name: str) -> None:
+        super().__init__(tracked, name)
+        self.cls_name = cls_name  # the tracked object is not known: the class dispatching
+        self.context = (
+            f"dispatch of {cls_name} was given a number made from {name}, which mark_dynamic keeps symbolic: "
+            "eager gives dispatch an int, and giving it one here would specialize the size. Mark the size "
+            "with torch._dynamo.maybe_mark_dynamic, which lets it be specialized, or pass the number as a tensor"
+        )
+
+
+def marked_dynamic(value: Any) -> str | None:
+    """The name of a size or stride ``mark_dynamic`` constrained that symbolic ``value`` is
+    made from, or None."""
+    node = getattr(value, "node", None)
+    expr = getattr(node, "expr", None)
+    symbols = getattr(expr, "free_symbols", None)
+    if not symbols:
+        return None
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+    except AttributeError:  # no frame is being compiled (AOTAutograd called directly)
+        return None
+    if getattr(tx.output, "shape_env", None) is not getattr(node, "shape_env", None):
+        return None  # a symbol of another compile's (symbols of the same name are equal)
+    marked: dict[Any, str] = {}
+    for tracked in tx.output.tracked_fakes:
+        _marked_sizes(tracked.fake, tracked.symbolic_context, tracked.source.name, marked)
+    return next((marked[s] for s in symbols if s in marked), None)
+
+
+def _marked_sizes(fake: Any, context: Any, name: str, marked: dict[Any, str]) -> None:
+    if not isinstance(fake, torch.Tensor) or context is None:
+        return
+    for what, values, constraints in (
+        ("size", fake.size(), getattr(context, "constraint_sizes", None)),
+        ("stride", fake.stride(), getattr(context, "constraint_strides", None)),
+    ):
+        for i, (v, constraint) in enumerate(zip(values, constraints or ())):
+            # automatic dynamic's constraints only warn (``warn_only``); mark_dynamic's raise
+            if constraint is not None and not getattr(constraint, "warn_only", True) and isinstance(v, torch.SymInt):
+                for symbol in v.node.expr.free_symbols:
+                    marked.setdefault(symbol, f"{name}.{what}()[{i}]")
+    inner_contexts = getattr(context, "inner_contexts", None) or {}
+    for attr, inner in inner_contexts.items():
+        _marked_sizes(obj_dict(fake).get(attr), inner, f"{name}.{attr}", marked)  # not a read of dispatch's
 
 
 def guard_now(value: Any) -> Any:

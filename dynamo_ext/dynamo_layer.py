@@ -47,7 +47,7 @@ from torch.fx.experimental.symbolic_shapes import PendingUnbackedSymbolNotFound
 
 from . import capture, config, free_state, guards, handoff
 from .capture import Scope, Tracked, Write
-from .errors import RefusalKind, refuse
+from .errors import RefusalKind, SubclassWriteError, refuse
 from .values import (
     GRAPH_VALUE,
     MISSING,
@@ -1816,7 +1816,12 @@ def _propagate(
                 _graph_break(*bad.args_)
             except capture.FlattenMismatch as bad:
                 checkpoint.rollback()
-                _graph_break(RefusalKind[bad.kind_name], bad.tracked, bad.name, bad.value_type, bad.context, bad.hint)
+                root = getattr(tx.output, "root_tx", tx)
+                if isinstance(bad, capture.MarkedDynamic) and not (
+                    getattr(root, "one_graph", False) or getattr(tx, "error_on_graph_break", False)
+                ):
+                    raise _RunFrameEagerly(RefusalKind[bad.kind_name], bad.cls_name, bad.name, bad.value_type, bad.context)
+                _graph_break(RefusalKind[bad.kind_name], bad.tracked or blame(), bad.name, bad.value_type, bad.context, bad.hint)
             except Exception as exc:
                 checkpoint.rollback()
                 user = _raised_by_user_code(exc)
@@ -2191,6 +2196,16 @@ def _refusal_in(exc: BaseException) -> Any:
     return None
 
 
+class _RunFrameEagerly(BaseException):
+    """A Dynamo-layer refusal that runs the frame being compiled eagerly rather than graph
+    break (See Note [A size marked dynamic given to dispatch as a number] in capture.py). A
+    BaseException, so it leaves inlined frames and fake propagation unwrapped."""
+
+    def __init__(self, kind: RefusalKind, cls_name: str, attr: str, value_type: str, context: str) -> None:
+        super().__init__(attr)
+        self.refusal = SubclassWriteError(kind, cls_name, attr, value_type, context=context)
+
+
 def _run_frame_eagerly(tx: Any, refusal: Any) -> NoReturn:
     """An AOTAutograd-layer refusal under ``fullgraph=False``: nothing may raise that eager
     does not. The frame (or the part after a graph break) and everything it calls run
@@ -2251,6 +2266,8 @@ def make_frame_compile_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def _compile(code: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return original(code, *args, **kwargs)
+        except _RunFrameEagerly as e:
+            _run_code_eagerly(code, e.refusal.kind.gb_type, str(e.refusal), e.refusal)
         except (UncapturedHigherOrderOpError, AssertionError) as e:
             box = kwargs.get("convert_frame_box")
             one_graph = args[5] if len(args) > 5 else kwargs.get("one_graph", True)

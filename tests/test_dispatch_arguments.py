@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch._dynamo.utils import counters
 from torch.utils._pytree import tree_map
 
 from dynamo_ext import RefusalKind
@@ -334,3 +335,98 @@ def test_a_trailing_positional_argument_equal_to_its_default_is_left_out(backend
         e, c = Activations(torch.linspace(-3, 3, 7)), Activations(torch.linspace(-3, 3, 7))
         assert_same_outputs(activations(e, slope, lo, hi), compiled(c, slope, lo, hi))
         assert_same_state(e, c, f"{(slope, lo, hi)}")
+
+
+class CountsCalls(torch.Tensor):
+    """Counts its ops in the flatten ctx and notes the numbers and sizes each op was given,
+    as text (a debugging wrapper)."""
+
+    @staticmethod
+    def __new__(cls, elem, calls=0, requires_grad=False):
+        return torch.Tensor._make_wrapper_subclass(
+            cls, elem.shape, dtype=elem.dtype, device=elem.device, requires_grad=requires_grad
+        )
+
+    def __init__(self, elem, calls=0, requires_grad=False):
+        self.elem = elem
+        self.calls = calls
+        self.given = ""
+
+    def __tensor_flatten__(self):
+        return ["elem"], self.calls
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        return CountsCalls(inner["elem"], ctx)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for a in args:
+            if isinstance(a, CountsCalls):
+                a.calls += 1
+                a.given = f"{func.__name__}{[x for x in args if not isinstance(x, torch.Tensor)]}"
+        unwrapped = tree_map(lambda t: t.elem if isinstance(t, CountsCalls) else t, (args, kwargs))
+        out = func(*unwrapped[0], **unwrapped[1])
+        return tree_map(lambda t: CountsCalls(t) if isinstance(t, torch.Tensor) else t, out)
+
+
+def divided_by_rows(w, x):
+    return (x @ w) / x.shape[0]
+
+
+def ones_of_rows(w, x):
+    return w.new_ones(x.shape[0], 4) + x
+
+
+def mean_of_product(w, x):
+    return (x @ w).mean()
+
+
+def divided_in_a_helper(w, x):
+    y = torch.relu(x) @ w  # Dynamo inlines the helper: the frame it compiles is this one
+    return divided_by_rows(w, y) + y
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+@pytest.mark.parametrize("program", [divided_by_rows, ones_of_rows, mean_of_product, divided_in_a_helper])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_size_marked_dynamic_that_dispatch_gets_as_a_number(backend, program, fullgraph):
+    """``mark_dynamic`` promises the size stays symbolic; dispatch, given eager's int (or text
+    made from it), would specialize it and Dynamo raise ``ConstraintViolationError``, also
+    under ``fullgraph=False`` (an outside tester's find). The op is refused instead: under
+    ``fullgraph=False`` the frame runs eagerly, under ``fullgraph=True`` an error names the
+    kind, with nothing written. ``mean``'s backward divides by the numel: only a backend
+    that traces the backward gives dispatch that number while compiling."""
+    torch._dynamo.reset()
+    counters.clear()
+    counter = CompileCounterWithBackend(backend)
+    compiled = torch.compile(program, backend=counter, fullgraph=fullgraph)
+    refused = fullgraph and (program is not mean_of_product or backend == "aot_eager")
+    for n in (3, 5, 4):
+        e, c = CountsCalls(torch.ones(4, 4), requires_grad=True), CountsCalls(torch.ones(4, 4), requires_grad=True)
+        x = torch.arange(4.0 * n).reshape(n, 4)
+        xc = x.clone()
+        torch._dynamo.mark_dynamic(xc, 0)
+        expected = program(e, x)
+        if refused:
+            with pytest.raises(Exception, match="dynamo_ext: unsupported_state_read") as raised:
+                compiled(c, xc)
+            assert "maybe_mark_dynamic" in str(raised.value) and "L['x'].size()[0]" in str(raised.value)
+            assert (c.calls, c.given) == (0, "")
+            return
+        got = compiled(c, xc)
+        assert_same_outputs(expected, got)
+        assert_same_state(e, c, f"rows {n}")
+        assert_same_state(expected, got, f"rows {n}, output")
+        assert got.requires_grad == expected.requires_grad
+        if expected.requires_grad:
+            (expected.sum() if expected.dim() else expected).backward()
+            (got.sum() if got.dim() else got).backward()
+            assert torch.equal(e.grad.elem, c.grad.elem)
+            assert_same_state(e, c, f"rows {n}, after backward")
+        assert not leaked_fakes(c) and not leaked_fakes(got)
+    # the frame ran eagerly (its refusal counted), but where no marked size reaches dispatch
+    compiles = program is mean_of_product and backend == "eager"
+    assert bool(counters["graph_break"]["dynamo_ext: unsupported_state_read"]) != compiles
+    assert counter.frame_count == (1 if compiles or program is mean_of_product else 0)
