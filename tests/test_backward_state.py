@@ -1827,3 +1827,43 @@ def test_a_write_in_the_backward_on_an_output(cls, program, fullgraph):
     assert run(compiled) == eager  # refused: the frame ran eagerly
     if not refused:
         assert counter.frame_count == 1
+
+
+def _one_gradient_for_two_branches(x, w):
+    return x + x.new_full((x.shape[0], 1), 2.0) * w  # add's backward hands one gradient to both
+
+
+def _a_gradient_of_its_own(x, w):
+    return x * 2 + w.sum()  # mul's backward makes x's gradient, which only x's AccumulateGrad holds
+
+
+@pytest.mark.parametrize("cls", [CountsItsOps, TagsLastOp])
+@pytest.mark.parametrize(
+    "program",
+    [
+        pytest.param(
+            _one_gradient_for_two_branches,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="eager's AccumulateGrad copies a gradient another node still holds (empty_like, "
+                "copy_ dispatched on it: the leaf's .grad holds their writes); the compiled backward's "
+                "gradient is the leaf's alone and is taken as it is, stock alike (README Limits)",
+            ),
+        ),
+        _a_gradient_of_its_own,
+    ],
+)
+def test_the_writes_on_a_leaf_gradient_autograd_accumulates(cls, program):
+    """The ops autograd's engine runs on a gradient to accumulate it into ``.grad`` are
+    dispatched in eager: ``.grad`` holds what they wrote (an outside tester's find)."""
+
+    def run(f):
+        torch.manual_seed(0)
+        x = cls(torch.randn(3, 4)).requires_grad_()
+        w = cls(torch.randn(4)).requires_grad_()
+        f(x, w).sum().backward()
+        return _state_of({"x": x, "w": w, "x.grad": x.grad, "w.grad": w.grad})
+
+    torch._dynamo.reset()
+    eager = run(program)
+    assert run(torch.compile(program, backend="aot_eager", fullgraph=True)) == eager
