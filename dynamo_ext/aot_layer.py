@@ -1979,12 +1979,7 @@ def _zero_tangent_of_this_call(meta: Any, like: torch.Tensor) -> Any:
     the ctx), built with this call's values of them; refused by name where they are not
     known (torch raised its own error there, stock too: a fuzz find)."""
     node = torch._C._current_autograd_node()
-    ctx = resolve_symbolic(meta.meta, getattr(node, SYMBOL_VALUES_ATTR, None))
-    zero = None
-    if ctx is not MISSING:
-        meta = copy.copy(meta)
-        meta.meta = ctx
-        zero = _zero_tangent(meta, like)
+    zero = _zero_tangent(meta, like, getattr(node, SYMBOL_VALUES_ATTR, None))
     if zero is None:
         from .plan import _undo_this_backward
 
@@ -1999,7 +1994,7 @@ def _zero_tangent_of_this_call(meta: Any, like: torch.Tensor) -> Any:
     return zero
 
 
-def _zero_tangent(meta: Any, like: torch.Tensor) -> Any:
+def _zero_tangent(meta: Any, like: torch.Tensor, values: dict[Any, Any] | None = None) -> Any:
     """Note [A subclass output no gradient reached]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     An output that requires grad but that the loss does not use gets a plain zero tensor
@@ -2009,13 +2004,19 @@ def _zero_tangent(meta: Any, like: torch.Tensor) -> Any:
     a tensor with a grad_fn on the input, which the graph returns for the residual write.
     The plain zero becomes a zero of the traced class and ctx (inner tensors of its shape, or
     of the shape AOTAutograd recorded): the backward adds nothing, as eager's never ran.
-    None where that cannot be built (not a user class, a ctx of symbolic values, an opaque
-    inner object)."""
+    A ctx holding symbolic values, at any nesting level, is built with this call's values
+    of them (``values``). None where that cannot be built (not a user class, a symbolic
+    value not known, an opaque inner object)."""
     from torch._functorch._aot_autograd.schemas import PlainTensorMeta
 
     cls = _meta_class(meta)
-    if cls is None or not free_state.is_user_class(cls) or contains_symbolic(meta.meta):
+    if cls is None or not free_state.is_user_class(cls):
         return None
+    ctx = meta.meta
+    if contains_symbolic(ctx):
+        ctx = resolve_symbolic(ctx, values) if values is not None else MISSING
+        if ctx is MISSING:
+            return None
     inner: dict[str, Any] = {}
     for name, attr_meta in meta.attrs.items():
         if isinstance(attr_meta, PlainTensorMeta):
@@ -2025,16 +2026,23 @@ def _zero_tangent(meta: Any, like: torch.Tensor) -> Any:
             else:
                 inner[name] = torch.zeros_like(like, memory_format=torch.contiguous_format)
         elif _meta_class(attr_meta) not in (None, torch.Tensor):
-            nested = _zero_tangent(attr_meta, like)
+            nested = _zero_tangent(attr_meta, like, values)
             if nested is None:
                 return None
             inner[name] = nested
         else:
             return None
     try:
-        return cls.__tensor_unflatten__(inner, meta.meta, like.shape, like.stride())
+        return cls.__tensor_unflatten__(inner, ctx, like.shape, like.stride())
     except Exception:  # noqa: BLE001 - torch's own error follows
         return None
+
+
+def _holds_symbolic(meta: Any) -> bool:
+    """A traced subclass's ctx, or a nested inner subclass's, holds a symbolic value."""
+    return contains_symbolic(getattr(meta, "meta", None)) or any(
+        _holds_symbolic(m) for m in (getattr(meta, "attrs", None) or {}).values()
+    )
 
 
 def _meta_class(meta: Any) -> type | None:
@@ -2056,7 +2064,7 @@ def make_process_tangent_hook(original: Callable[..., Any]) -> Callable[..., Any
     def process_runtime_tangent(x: Any, meta: Any, *args: Any, **kwargs: Any) -> Any:
         if type(x) is torch.Tensor and _meta_class(meta) not in (None, torch.Tensor) and not x.any():
             zero = _zero_tangent(meta, x)
-            if zero is None and contains_symbolic(meta.meta) and free_state.is_user_class(_meta_class(meta)):
+            if zero is None and _holds_symbolic(meta) and free_state.is_user_class(_meta_class(meta)):
                 zero = _zero_tangent_of_this_call(meta, x)
             if zero is not None:
                 x = zero
