@@ -124,6 +124,9 @@ class Planner:
         # backward needs (See WritePlan.call_symbols)
         self.call_symbols: dict[Any, tuple[ValueFrom, int]] = {}
         self.rebuild_gradients = False  # See Note [A gradient's ctx made from sizes or counts]
+        # what dispatch left on the gradients the traced backward returns (See Note [What
+        # dispatch leaves on a gradient the backward returns])
+        self.gradient_state: tuple[tuple[int, type, tuple, tuple[tuple[str, Any, bool], ...]], ...] = ()
         # the subclasses the latest pass returned (nested ones too), as dispatch left them:
         # type -> their instance dicts (See Note [Reads on incoming gradients])
         self.made_by_dispatch: dict[type, list[dict]] = {}
@@ -756,6 +759,8 @@ class Planner:
             counters.holds_counted(w.value) or counters.holds_text(w.value)
             for w in self.backward
             if w.value_from is ValueFrom.CONSTANT
+        ) or any(
+            counters.holds_text(value) for _, _, _, items in self.gradient_state for _, value, counted in items if not counted
         ) or (self.tape.unseen and bool(self.tape.values & counters.graph_scalars(self.joint_graph)))
 
     def _guard_backward_decisions(self, forward_written: set[tuple]) -> None:
@@ -891,6 +896,7 @@ class Planner:
             entry_reads=tuple(self.entry_reads.values()),
             call_symbols=tuple((expr, *where) for expr, where in self.call_symbols.items()),
             rebuild_gradients=self.rebuild_gradients,
+            gradient_state=self.gradient_state,
             guarded=self.record is not None,
         )
 
@@ -1175,6 +1181,61 @@ def _plan_symbolic_gradient_ctx(planner: Planner, joint_out: Any) -> None:
                 "compiled backward would rebuild every gradient with the traced one",
             )
         planner.rebuild_gradients = True
+
+
+def _gradient_state(
+    joint_out: Any, primals: Sequence[Any], tangents: Sequence[Any]
+) -> tuple[tuple[int, type, tuple, tuple[tuple[str, Any, bool], ...]], ...]:
+    """Note [What dispatch leaves on a gradient the backward returns]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    In eager, the gradient the backward hands an input is the object its last op's dispatch
+    made, holding what that dispatch wrote on it (``r.made_by = "add"``): ``autograd.grad``
+    returns it, a tensor hook gets it, and autograd's own ops on it (``AccumulateGrad``'s
+    ``detach``) dispatch on it. The compiled backward rebuilds each subclass gradient from
+    its inner tensors and flatten ctx with ``__tensor_unflatten__``, so that state was lost
+    (stock too; an outside tester's find). The traced backward's gradients are dispatch's
+    own objects: what their instance dicts hold outside the flatten list (at every nesting
+    level) is set again on the rebuilt gradients when the compiled backward has run
+    (``plan.Replay.arm_backward``), where it is a constant (what dispatch computed from what
+    the backward read is checked by the backward's checks and guards, as for its writes on
+    inputs; text there makes every int the backward read guarded by value, as text it
+    writes on an input does: See Note [Decisions of the traced backward]) or a count
+    (computed again from what the backward read, before its own writes are replayed). A
+    tensor, a symbolic value or a container holding a count there is not carried, nor an
+    attribute the rebuilt gradient holds that dispatch's object lacks (README, Limits). A gradient
+    that is an incoming gradient passed through is left alone (See Note [Writes on incoming
+    gradients]). Returns (position among the tensor inputs, which the compiled backward's
+    node has gradients for; the class; path to a nested subclass; ((name, value or count's
+    expression, whether a count), ...))."""
+    final = joint_out[0] if isinstance(joint_out[0], tuple) and len(joint_out[0]) == 2 else joint_out
+    grads = final[1]
+    if not isinstance(grads, (list, tuple)) or len(grads) != len(primals):
+        return ()
+    position = {i: k for k, i in enumerate(i for i, p in enumerate(primals) if isinstance(p, torch.Tensor))}
+    passed = {id(t) for t in tangents}
+    found: list[tuple[int, type, tuple, tuple[tuple[str, Any, bool], ...]]] = []
+
+    def visit(index: int, obj: Any, path: tuple, depth: int) -> None:
+        if not _is_subclass(obj) or id(obj) in passed or depth > 4 or not free_state.is_user_class(type(obj)):
+            return
+        names = capture._flatten_names(obj)
+        d = capture.obj_dict(obj)
+        items = tuple(
+            (name, value.expr, True) if isinstance(value, counters.CountedInt) else (name, value, False)
+            for name, value in capture.user_state(d).items()
+            if name not in names and (
+                isinstance(value, counters.CountedInt) or not counters.holds_counted(value) and is_immutable_constant(value)
+            )
+        )
+        if items:
+            found.append((index, type(obj), path, items))
+        for name in names:
+            visit(index, d.get(name), path + (("attr", name),), depth + 1)
+
+    for i, grad in enumerate(grads):
+        if i in position:
+            visit(position[i], grad, (), 0)
+    return tuple(found)
 
 
 def _rebuildable(ctx: Any) -> bool:
@@ -2246,6 +2307,7 @@ def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                         context="in the backward: " + ", ".join(f"{c.module}.{c.name} ({c.what})" for c in changes),
                     )
                 _plan_symbolic_gradient_ctx(planner, out)
+                planner.gradient_state = _gradient_state(out, a[0], planner.tangents)
                 return out
             finally:
                 planner.in_joint = False

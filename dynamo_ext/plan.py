@@ -155,6 +155,11 @@ class WritePlan:
     #: the compiled backward's subclass gradients holding a symbolic or counted ctx value
     #: are rebuilt with this call's values
     rebuild_gradients: bool = False
+    #: what dispatch left on the gradients the traced backward returns, set again on the
+    #: rebuilt ones: ((tensor input position, class, path, ((name, value or count's expression,
+    #: whether a count), ...)), ...) (See
+    #: Note [What dispatch leaves on a gradient the backward returns] in aot_layer.py)
+    gradient_state: tuple[tuple[int, type, tuple, tuple[tuple[str, Any, bool], ...]], ...] = ()
     #: Dynamo guards the inputs' state; called directly, the entry state is checked per call.
     guarded: bool = True
 
@@ -167,7 +172,7 @@ class WritePlan:
         """Whether each call's compiled backward has something to check or write."""
         return bool(
             self.backward_writes or self.backward_decisions or self.backward_checks or self.call_symbols
-            or self.rebuild_gradients or self.backward_free
+            or self.rebuild_gradients or self.gradient_state or self.backward_free
             or (self.whole_backward is not None and self.whole_backward.drops)
         )
 
@@ -535,6 +540,19 @@ class Replay:
                 RefusalKind.WRITE_IN_BACKWARD, type(node).__name__, "<flatten ctx>", "gradient",
                 context="the gradients' ctx is rebuilt on the compiled backward's node, which these outputs do not reach",
             )
+        if self.plan.gradient_state:
+            gradient_state = self.plan.gradient_state
+
+            def with_dispatch_state(grad_inputs: Any, grad_outputs: Any) -> None:
+                for index, cls, path, items in gradient_state:
+                    grad = grad_inputs[index] if index < len(grad_inputs) else None
+                    target = capture.follow(grad, path) if grad is not None else None
+                    if type(target) is not cls:
+                        continue  # no gradient (a backward for part of the graph), or a plain one
+                    for name, value, counted in items:
+                        setattr(target, name, counters.evaluate(value, read) if counted else value)
+
+            node.register_hook(_not_traced(with_dispatch_state))  # after the gradients are rebuilt
         if snapshot or decisions or free or counted or drops or (whole is not None and whole.may_refuse):
             node.register_prehook(_not_traced(before_backward))
         def drop_undefined(grad_inputs: Any, grad_outputs: Any) -> Any:

@@ -1898,34 +1898,117 @@ class TagsItsResults(torch.Tensor):
         return tree_map_only(torch.Tensor, tagged, out)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="what dispatch writes, outside the flatten ctx, on a gradient the compiled backward returns is lost "
-    "(it is rebuilt from its inner tensors and ctx), stock alike: seen by autograd.grad's result and a hook on "
-    "the gradient (README Limits)",
-)
-@pytest.mark.parametrize("how", ["autograd_grad", "hook"])
-def test_what_dispatch_writes_on_a_gradient_the_backward_returns(how):
-    """An outside tester's find: the gradient ``autograd.grad`` returns (or a tensor hook gets)
-    is the object the backward's last op made; eager's carries that op's tag."""
+class TagsInnerResults(TagsItsResults):
+    """Holds a TagsItsResults (``inner``) beside its ``elem``; tags its own results too."""
 
-    def f(x, w):
-        return torch.nn.functional.linear(x - x.mean(0), w)
+    @staticmethod
+    def __new__(cls, elem, inner=None):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem, inner=None):
+        self.elem = elem
+        self.inner = inner if inner is not None else TagsItsResults(elem.clone())
+
+    def __tensor_flatten__(self):
+        return ["elem", "inner"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"], inner["inner"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*tree_map_only(cls, lambda t: t.elem, args), **tree_map_only(cls, lambda t: t.elem, kwargs))
+        inner = func(*tree_map_only(cls, lambda t: t.inner, args), **tree_map_only(cls, lambda t: t.inner, kwargs))
+
+        def tagged(pair):
+            r = cls(pair[0], pair[1])
+            r.made_by = "outer " + func.overloadpacket.__name__
+            return r
+
+        if isinstance(out, torch.Tensor):
+            return tagged((out, inner))
+        return type(out)(tagged(p) if isinstance(p[0], torch.Tensor) else p[0] for p in zip(out, inner))
+
+
+class TagsWithBackwardCount(TagsItsResults):
+    """Counts the backward's ops on its operands (grad mode off) and tags each result with the
+    op and the sum of its operands' counts then."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        mine = [a for a in args if isinstance(a, cls)]
+        seen = None
+        if not torch.is_grad_enabled():
+            for a in mine:
+                a.bw_calls = getattr(a, "bw_calls", 0) + 1
+            seen = sum(a.bw_calls for a in mine)
+        out = func(*tree_map_only(cls, lambda t: t.elem, args), **tree_map_only(cls, lambda t: t.elem, kwargs or {}))
+
+        def tagged(t):
+            r = cls(t)
+            r.made_by = func.overloadpacket.__name__
+            if seen is not None:
+                r.seen = seen
+            return r
+
+        return tree_map_only(torch.Tensor, tagged, out)
+
+
+def _tags(g):
+    """The tags of a gradient and of a nested one it holds."""
+    if g is None:
+        return None
+    d = vars(g)
+    inner = _tags(d.get("inner")) if isinstance(d.get("inner"), torch.Tensor) else None
+    return (type(g).__name__, d.get("made_by"), d.get("seen"), inner)
+
+
+def _centred_linear(x, w):
+    return torch.nn.functional.linear(x - x.mean(0), w)
+
+
+def _scaled_rows(x, w):
+    return x * w  # x's gradient is made by a mul on w, whose count grows over the calls
+
+
+@pytest.mark.parametrize("cls", [TagsItsResults, TagsInnerResults, TagsWithBackwardCount])
+@pytest.mark.parametrize("how", ["autograd_grad", "hook", "accumulated"])
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "no_fullgraph"])
+@pytest.mark.parametrize("f", [_centred_linear, _scaled_rows])
+def test_what_dispatch_writes_on_a_gradient_the_backward_returns(f, cls, how, fullgraph):
+    """Note [What dispatch leaves on a gradient the backward returns]: the gradient
+    ``autograd.grad`` returns (or a tensor hook gets) is the object the backward's last op
+    made, and eager's carries that op's tag (an outside tester's find: the compiled one was
+    rebuilt without it); ``x.grad`` is autograd's ``detach`` of it. Both inputs, nested
+    gradients, a count read in the backward (``w``'s grows over the calls), two batch sizes
+    (a recompile)."""
 
     def run(fn):
         torch.manual_seed(0)
-        x = TagsItsResults(torch.randn(5, 4)).requires_grad_()
-        w = TagsItsResults(torch.randn(3, 4)).requires_grad_()
+        w = cls(torch.randn(3, 4) if f is _centred_linear else torch.randn(4)).requires_grad_()
         seen = []
-        if how == "hook":
-            x.register_hook(lambda g: seen.append(vars(g).get("made_by")))
-            fn(x, w).sum().backward()
-        else:
-            (g,) = torch.autograd.grad(fn(x, w).sum(), [x])
-            seen.append(vars(g).get("made_by"))
+        for rows in (5, 2, 5):
+            x = cls(torch.randn(rows, 4)).requires_grad_()
+            if how == "hook":  # (the order the two hooks run in is autograd's)
+                got = {}
+                x.register_hook(lambda g: got.update(x=_tags(g)))
+                h = w.register_hook(lambda g: got.update(w=_tags(g)))
+                fn(x, w).sum().backward()
+                h.remove()
+                seen.append(got)
+            elif how == "accumulated":
+                fn(x, w).sum().backward()
+                seen.append((_tags(x.grad), _tags(w.grad)))
+            else:
+                seen.append(tuple(_tags(g) for g in torch.autograd.grad(fn(x, w).sum(), [x, w])))
         return seen
 
     torch._dynamo.reset()
     eager = run(f)
-    assert eager == ["add"]
-    assert run(torch.compile(f, backend="aot_eager", fullgraph=True)) == eager
+    # eager's gradients carry the tag of the op that made them; .grad, autograd's detach's
+    assert ("detach'" if how == "accumulated" else "add'" if f is _centred_linear else "mul'") in repr(eager)
+    if cls is TagsWithBackwardCount and f is _scaled_rows and how != "accumulated":
+        assert len({repr(call) for call in eager}) == 3  # the count differs from call to call
+    assert run(torch.compile(f, backend="aot_eager", fullgraph=fullgraph)) == eager
