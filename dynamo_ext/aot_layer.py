@@ -126,7 +126,7 @@ class Planner:
         self.rebuild_gradients = False  # See Note [A gradient's ctx made from sizes or counts]
         # what dispatch left on the gradients the traced backward returns (See Note [What
         # dispatch leaves on a gradient the backward returns])
-        self.gradient_state: tuple[tuple[int, type, tuple, tuple[tuple[str, Any, bool], ...]], ...] = ()
+        self.gradient_state: tuple[tuple[int, type, tuple, tuple[tuple[str, Any, str], ...]], ...] = ()
         # the subclasses the latest pass returned (nested ones too), as dispatch left them:
         # type -> their instance dicts (See Note [Reads on incoming gradients])
         self.made_by_dispatch: dict[type, list[dict]] = {}
@@ -760,7 +760,7 @@ class Planner:
             for w in self.backward
             if w.value_from is ValueFrom.CONSTANT
         ) or any(
-            counters.holds_text(value) for _, _, _, items in self.gradient_state for _, value, counted in items if not counted
+            counters.holds_text(value) for _, _, _, items in self.gradient_state for _, value, how in items if how != "counted"
         ) or (self.tape.unseen and bool(self.tape.values & counters.graph_scalars(self.joint_graph)))
 
     def _guard_backward_decisions(self, forward_written: set[tuple]) -> None:
@@ -1183,54 +1183,75 @@ def _plan_symbolic_gradient_ctx(planner: Planner, joint_out: Any) -> None:
         planner.rebuild_gradients = True
 
 
-def _gradient_state(
-    joint_out: Any, primals: Sequence[Any], tangents: Sequence[Any]
-) -> tuple[tuple[int, type, tuple, tuple[tuple[str, Any, bool], ...]], ...]:
+def _gradient_state(planner: Planner, joint_out: Any, primals: Sequence[Any]) -> tuple[tuple[int, type, tuple, tuple[tuple[str, Any, str], ...]], ...]:
     """Note [What dispatch leaves on a gradient the backward returns]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     In eager, the gradient the backward hands an input is the object its last op's dispatch
-    made, holding what that dispatch wrote on it (``r.made_by = "add"``): ``autograd.grad``
-    returns it, a tensor hook gets it, and autograd's own ops on it (``AccumulateGrad``'s
-    ``detach``) dispatch on it. The compiled backward rebuilds each subclass gradient from
-    its inner tensors and flatten ctx with ``__tensor_unflatten__``, so that state was lost
-    (stock too; an outside tester's find). The traced backward's gradients are dispatch's
-    own objects: what their instance dicts hold outside the flatten list (at every nesting
-    level) is set again on the rebuilt gradients when the compiled backward has run
-    (``plan.Replay.arm_backward``), where it is a constant (what dispatch computed from what
-    the backward read is checked by the backward's checks and guards, as for its writes on
-    inputs; text there makes every int the backward read guarded by value, as text it
-    writes on an input does: See Note [Decisions of the traced backward]) or a count
-    (computed again from what the backward read, before its own writes are replayed). A
-    tensor, a symbolic value or a container holding a count there is not carried, nor an
-    attribute the rebuilt gradient holds that dispatch's object lacks (README, Limits). A gradient
-    that is an incoming gradient passed through is left alone (See Note [Writes on incoming
-    gradients]). Returns (position among the tensor inputs, which the compiled backward's
-    node has gradients for; the class; path to a nested subclass; ((name, value or count's
-    expression, whether a count), ...))."""
+    made, holding what that dispatch wrote on it (``r.made_by = "add"``, also on a plain
+    tensor a wrapper's dispatch returns): ``autograd.grad`` returns it, a tensor hook gets
+    it, and autograd's own ops on it (``AccumulateGrad``'s ``detach``) dispatch on it. The
+    compiled backward rebuilds each gradient from its inner tensors and flatten ctx (a plain
+    one is a new tensor), so that state was lost (stock too; an outside tester's find). The
+    traced backward's gradients are dispatch's own objects: what their instance dicts hold
+    outside the flatten list (at every nesting level) is set again on the gradients when
+    the compiled backward has run (``plan.Replay.arm_backward``): a constant as traced (what
+    dispatch computed from what the backward read is checked by the backward's checks and
+    guards, as for its writes on inputs; text there makes every int the backward read
+    guarded by value, as text it writes on an input does: See Note [Decisions of the traced
+    backward]); a count computed again from what the backward read, before its own writes
+    are replayed (refused in a run for part of the graph that skips calls, whose counts
+    eager's calls do not reach); a value holding sizes with this call's values (refused at
+    compile time where they are not known). A tensor there is not carried, nor an
+    attribute the rebuilt gradient holds that dispatch's object lacks (README, Limits). A
+    gradient that is an incoming gradient passed through is left alone (See Note [Writes on
+    incoming gradients]). Returns (position among the tensor inputs, which the compiled
+    backward's node has gradients for; the class; path to a nested tensor; ((name, value,
+    how), ...)), how: "constant", "counted" (value: the count's expression) or "symbolic"."""
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
     final = joint_out[0] if isinstance(joint_out[0], tuple) and len(joint_out[0]) == 2 else joint_out
     grads = final[1]
     if not isinstance(grads, (list, tuple)) or len(grads) != len(primals):
         return ()
     position = {i: k for k, i in enumerate(i for i, p in enumerate(primals) if isinstance(p, torch.Tensor))}
-    passed = {id(t) for t in tangents}
-    found: list[tuple[int, type, tuple, tuple[tuple[str, Any, bool], ...]]] = []
+    passed = {id(t) for t in planner.tangents}
+    found: list[tuple[int, type, tuple, tuple[tuple[str, Any, str], ...]]] = []
+
+    def carried(obj: Any, name: str, value: Any) -> tuple[str, Any, str] | None:
+        if isinstance(value, counters.CountedInt):
+            return (name, value.expr, "counted")
+        if counters.holds_counted(value) or contains_tensor(value):
+            return None
+        if contains_symbolic(value):
+            if not _note_symbols(value, planner.symbol_sources, planner.call_symbols):
+                raise SubclassWriteError(
+                    RefusalKind.WRITE_IN_BACKWARD, type(obj).__name__, name, type(value).__name__,
+                    f"dispatch wrote a value holding sizes ({value!r}, symbolic while traced) on a gradient the "
+                    "backward returns, and its value in each call is not among the graph's inputs or outputs",
+                )
+            return (name, value, "symbolic")
+        return (name, value, "constant") if is_immutable_constant(value) else None
 
     def visit(index: int, obj: Any, path: tuple, depth: int) -> None:
-        if not _is_subclass(obj) or id(obj) in passed or depth > 4 or not free_state.is_user_class(type(obj)):
+        if not isinstance(obj, torch.Tensor) or id(obj) in passed or depth > 4:
             return
-        names = capture._flatten_names(obj)
+        if _is_subclass(obj):
+            if not free_state.is_user_class(type(obj)):
+                return
+            cls, names = type(obj), capture._flatten_names(obj)
+        elif type(obj) is FunctionalTensor:  # a plain tensor (its own ``elem`` is torch's)
+            cls, names = torch.Tensor, ["elem"]
+        else:
+            return
         d = capture.obj_dict(obj)
         items = tuple(
-            (name, value.expr, True) if isinstance(value, counters.CountedInt) else (name, value, False)
-            for name, value in capture.user_state(d).items()
-            if name not in names and (
-                isinstance(value, counters.CountedInt) or not counters.holds_counted(value) and is_immutable_constant(value)
-            )
+            item for item in (carried(obj, n, v) for n, v in capture.user_state(d).items() if n not in names) if item
         )
         if items:
-            found.append((index, type(obj), path, items))
-        for name in names:
-            visit(index, d.get(name), path + (("attr", name),), depth + 1)
+            found.append((index, cls, path, items))
+        if cls is not torch.Tensor:
+            for name in names:
+                visit(index, d.get(name), path + (("attr", name),), depth + 1)
 
     for i, grad in enumerate(grads):
         if i in position:
@@ -2307,7 +2328,7 @@ def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                         context="in the backward: " + ", ".join(f"{c.module}.{c.name} ({c.what})" for c in changes),
                     )
                 _plan_symbolic_gradient_ctx(planner, out)
-                planner.gradient_state = _gradient_state(out, a[0], planner.tangents)
+                planner.gradient_state = _gradient_state(planner, out, a[0])
                 return out
             finally:
                 planner.in_joint = False

@@ -105,10 +105,10 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         ),
         Refusal(
             RefusalKind.UNSUPPORTED_STATE_READ,
-            "Dispatch read state that cannot be carried into the traced program or guarded "
-            "(an arbitrary object, a tensor inside a higher-order op body, a real tensor held by "
-            "a shared state object no input reaches); a Function's backward or an intermediate's "
-            "hook reads state dispatch writes.",
+            "Dispatch read state the traced program cannot carry or guard (an arbitrary object, a "
+            "tensor inside a higher-order op body, a real tensor a shared state object no input "
+            "reaches holds, a size mark_dynamic keeps symbolic given as a number); a Function's "
+            "backward or an intermediate's hook reads state dispatch writes.",
             "The compiled program can only depend on state it can carry in (tensors as graph "
             "inputs, constants and symbolic ints it guards on); this value could change without "
             "the compiled program noticing.",

@@ -157,9 +157,9 @@ class WritePlan:
     rebuild_gradients: bool = False
     #: what dispatch left on the gradients the traced backward returns, set again on the
     #: rebuilt ones: ((tensor input position, class, path, ((name, value or count's expression,
-    #: whether a count), ...)), ...) (See
+    #: how), ...)), ...) (See
     #: Note [What dispatch leaves on a gradient the backward returns] in aot_layer.py)
-    gradient_state: tuple[tuple[int, type, tuple, tuple[tuple[str, Any, bool], ...]], ...] = ()
+    gradient_state: tuple[tuple[int, type, tuple, tuple[tuple[str, Any, str], ...]], ...] = ()
     #: Dynamo guards the inputs' state; called directly, the entry state is checked per call.
     guarded: bool = True
 
@@ -544,13 +544,34 @@ class Replay:
             gradient_state = self.plan.gradient_state
 
             def with_dispatch_state(grad_inputs: Any, grad_outputs: Any) -> None:
+                run = this_run[0]
+                values = getattr(node, SYMBOL_VALUES_ATTR, None)
+                todo = []
                 for index, cls, path, items in gradient_state:
                     grad = grad_inputs[index] if index < len(grad_inputs) else None
                     target = capture.follow(grad, path) if grad is not None else None
                     if type(target) is not cls:
-                        continue  # no gradient (a backward for part of the graph), or a plain one
-                    for name, value, counted in items:
-                        setattr(target, name, counters.evaluate(value, read) if counted else value)
+                        continue  # no gradient (a backward for part of the graph), or another class
+                    for name, value, how in items:
+                        if how == "counted" and (run.skipped or run.shares):
+                            _undo_this_backward()  # See Note [A refusal undoes the backward's earlier writes]
+                            raise SubclassWriteError(
+                                RefusalKind.WRITE_IN_BACKWARD, cls.__name__, name, "count",
+                                context="a backward for part of the graph: the count dispatch left on a gradient was "
+                                "traced with every call of the backward before it, and eager's runs only some of them",
+                            )
+                        if how == "counted":
+                            value = counters.evaluate(value, read)
+                        elif how == "symbolic":
+                            value = resolve_symbolic(value, values, read)
+                            if value is MISSING:
+                                raise SubclassWriteError(
+                                    RefusalKind.WRITE_IN_BACKWARD, cls.__name__, name, "sizes",
+                                    context="the sizes dispatch left on a gradient are not known in this call",
+                                )
+                        todo.append((target, name, value))
+                for target, name, value in todo:  # nothing is set where one is refused
+                    setattr(target, name, value)
 
             node.register_hook(_not_traced(with_dispatch_state))  # after the gradients are rebuilt
         if snapshot or decisions or free or counted or drops or (whole is not None and whole.may_refuse):

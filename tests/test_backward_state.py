@@ -1956,13 +1956,44 @@ class TagsWithBackwardCount(TagsItsResults):
         return tree_map_only(torch.Tensor, tagged, out)
 
 
+class TagsShapes(TagsItsResults):
+    """Tags each result with its shape and element count (sizes: symbolic once the batch is)."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = func(*tree_map_only(cls, lambda t: t.elem, args), **tree_map_only(cls, lambda t: t.elem, kwargs or {}))
+
+        def tagged(t):
+            r = cls(t)
+            r.made_by = func.overloadpacket.__name__
+            r.rows = tuple(t.shape)
+            r.seen = t.numel()
+            return r
+
+        return tree_map_only(torch.Tensor, tagged, out)
+
+
+class ReturnsTaggedPlain(TagsItsResults):
+    """A wrapper whose dispatch returns plain tensors, tagged."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = func(*tree_map_only(cls, lambda t: t.elem, args), **tree_map_only(cls, lambda t: t.elem, kwargs or {}))
+
+        def tagged(t):
+            t.made_by = func.overloadpacket.__name__
+            return t
+
+        return tree_map_only(torch.Tensor, tagged, out)
+
+
 def _tags(g):
     """The tags of a gradient and of a nested one it holds."""
     if g is None:
         return None
-    d = vars(g)
+    d = {k: v for k, v in vars(g).items() if not k.startswith("_")}
     inner = _tags(d.get("inner")) if isinstance(d.get("inner"), torch.Tensor) else None
-    return (type(g).__name__, d.get("made_by"), d.get("seen"), inner)
+    return (type(g).__name__, d.get("made_by"), d.get("seen"), d.get("rows"), inner)
 
 
 def _centred_linear(x, w):
@@ -1973,7 +2004,7 @@ def _scaled_rows(x, w):
     return x * w  # x's gradient is made by a mul on w, whose count grows over the calls
 
 
-@pytest.mark.parametrize("cls", [TagsItsResults, TagsInnerResults, TagsWithBackwardCount])
+@pytest.mark.parametrize("cls", [TagsItsResults, TagsInnerResults, TagsWithBackwardCount, TagsShapes, ReturnsTaggedPlain])
 @pytest.mark.parametrize("how", ["autograd_grad", "hook", "accumulated"])
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "no_fullgraph"])
 @pytest.mark.parametrize("f", [_centred_linear, _scaled_rows])
@@ -1982,8 +2013,9 @@ def test_what_dispatch_writes_on_a_gradient_the_backward_returns(f, cls, how, fu
     ``autograd.grad`` returns (or a tensor hook gets) is the object the backward's last op
     made, and eager's carries that op's tag (an outside tester's find: the compiled one was
     rebuilt without it); ``x.grad`` is autograd's ``detach`` of it. Both inputs, nested
-    gradients, a count read in the backward (``w``'s grows over the calls), two batch sizes
-    (a recompile)."""
+    gradients, a count read in the backward (``w``'s grows over the calls), sizes (symbolic
+    after the recompile for the second batch size), plain gradients a wrapper's dispatch
+    tagged."""
 
     def run(fn):
         torch.manual_seed(0)
@@ -2008,7 +2040,8 @@ def test_what_dispatch_writes_on_a_gradient_the_backward_returns(f, cls, how, fu
     torch._dynamo.reset()
     eager = run(f)
     # eager's gradients carry the tag of the op that made them; .grad, autograd's detach's
-    assert ("detach'" if how == "accumulated" else "add'" if f is _centred_linear else "mul'") in repr(eager)
+    if cls is not ReturnsTaggedPlain or (how != "accumulated" and f is _scaled_rows):  # (plain ops: no dispatch)
+        assert ("detach'" if how == "accumulated" else "add'" if f is _centred_linear else "mul'") in repr(eager)
     if cls is TagsWithBackwardCount and f is _scaled_rows and how != "accumulated":
         assert len({repr(call) for call in eager}) == 3  # the count differs from call to call
     assert run(torch.compile(f, backend="aot_eager", fullgraph=fullgraph)) == eager
