@@ -157,8 +157,8 @@ class WritePlan:
     rebuild_gradients: bool = False
     #: what dispatch left on the gradients the traced backward returns, set again on the
     #: rebuilt ones: ((tensor input position, class, path, ((name, value or count's expression,
-    #: how), ...)), ...) (See
-    #: Note [What dispatch leaves on a gradient the backward returns] in aot_layer.py)
+    #: how), ...)), ...) (See Note [What dispatch leaves on a gradient the backward returns] in
+    #: aot_layer.py)
     gradient_state: tuple[tuple[int, type, tuple, tuple[tuple[str, Any, str], ...]], ...] = ()
     #: Dynamo guards the inputs' state; called directly, the entry state is checked per call.
     guarded: bool = True
@@ -553,22 +553,21 @@ class Replay:
                     if type(target) is not cls:
                         continue  # no gradient (a backward for part of the graph), or another class
                     for name, value, how in items:
+                        why = None
                         if how == "counted" and (run.skipped or run.shares):
-                            _undo_this_backward()  # See Note [A refusal undoes the backward's earlier writes]
-                            raise SubclassWriteError(
-                                RefusalKind.WRITE_IN_BACKWARD, cls.__name__, name, "count",
-                                context="a backward for part of the graph: the count dispatch left on a gradient was "
-                                "traced with every call of the backward before it, and eager's runs only some of them",
+                            why = (
+                                "a backward for part of the graph: the count dispatch left on a gradient was traced "
+                                "with every call of the backward before it, and eager's runs only some of them"
                             )
-                        if how == "counted":
+                        elif how == "counted":
                             value = counters.evaluate(value, read)
                         elif how == "symbolic":
                             value = resolve_symbolic(value, values, read)
                             if value is MISSING:
-                                raise SubclassWriteError(
-                                    RefusalKind.WRITE_IN_BACKWARD, cls.__name__, name, "sizes",
-                                    context="the sizes dispatch left on a gradient are not known in this call",
-                                )
+                                why = "the sizes dispatch left on a gradient are not known in this call"
+                        if why is not None:
+                            _undo_this_backward()  # See Note [A refusal undoes the backward's earlier writes]
+                            raise SubclassWriteError(RefusalKind.WRITE_IN_BACKWARD, cls.__name__, name, how, context=why)
                         todo.append((target, name, value))
                 for target, name, value in todo:  # nothing is set where one is refused
                     setattr(target, name, value)
