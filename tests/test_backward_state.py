@@ -1888,14 +1888,19 @@ class TagsItsResults(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        before = cls._before(args)
         out = func(*tree_map_only(cls, lambda t: t.elem, args), **tree_map_only(cls, lambda t: t.elem, kwargs or {}))
+        return tree_map_only(torch.Tensor, lambda t: cls._tagged(t, func, before), out)
 
-        def tagged(t):
-            r = cls(t)
-            r.made_by = func.overloadpacket.__name__
-            return r
+    @classmethod
+    def _before(cls, args):
+        return None
 
-        return tree_map_only(torch.Tensor, tagged, out)
+    @classmethod
+    def _tagged(cls, t, func, before):
+        r = cls(t)
+        r.made_by = func.overloadpacket.__name__
+        return r
 
 
 class TagsInnerResults(TagsItsResults):
@@ -1937,54 +1942,40 @@ class TagsWithBackwardCount(TagsItsResults):
     op and the sum of its operands' counts then."""
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+    def _before(cls, args):
+        if torch.is_grad_enabled():
+            return None
         mine = [a for a in args if isinstance(a, cls)]
-        seen = None
-        if not torch.is_grad_enabled():
-            for a in mine:
-                a.bw_calls = getattr(a, "bw_calls", 0) + 1
-            seen = sum(a.bw_calls for a in mine)
-        out = func(*tree_map_only(cls, lambda t: t.elem, args), **tree_map_only(cls, lambda t: t.elem, kwargs or {}))
+        for a in mine:
+            a.bw_calls = getattr(a, "bw_calls", 0) + 1
+        return sum(a.bw_calls for a in mine)
 
-        def tagged(t):
-            r = cls(t)
-            r.made_by = func.overloadpacket.__name__
-            if seen is not None:
-                r.seen = seen
-            return r
-
-        return tree_map_only(torch.Tensor, tagged, out)
+    @classmethod
+    def _tagged(cls, t, func, before):
+        r = super()._tagged(t, func, before)
+        if before is not None:
+            r.seen = before
+        return r
 
 
 class TagsShapes(TagsItsResults):
     """Tags each result with its shape and element count (sizes: symbolic once the batch is)."""
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        out = func(*tree_map_only(cls, lambda t: t.elem, args), **tree_map_only(cls, lambda t: t.elem, kwargs or {}))
-
-        def tagged(t):
-            r = cls(t)
-            r.made_by = func.overloadpacket.__name__
-            r.rows = tuple(t.shape)
-            r.seen = t.numel()
-            return r
-
-        return tree_map_only(torch.Tensor, tagged, out)
+    def _tagged(cls, t, func, before):
+        r = super()._tagged(t, func, before)
+        r.rows = tuple(t.shape)
+        r.seen = t.numel()
+        return r
 
 
 class ReturnsTaggedPlain(TagsItsResults):
     """A wrapper whose dispatch returns plain tensors, tagged."""
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        out = func(*tree_map_only(cls, lambda t: t.elem, args), **tree_map_only(cls, lambda t: t.elem, kwargs or {}))
-
-        def tagged(t):
-            t.made_by = func.overloadpacket.__name__
-            return t
-
-        return tree_map_only(torch.Tensor, tagged, out)
+    def _tagged(cls, t, func, before):
+        t.made_by = func.overloadpacket.__name__
+        return t
 
 
 def _tags(g):
