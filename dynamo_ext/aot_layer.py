@@ -418,8 +418,7 @@ class Planner:
         for value in values:
             marked = capture.marked_dynamic(value)
             if marked is not None:  # See Note [A size marked dynamic given to dispatch as a number]
-                refusal = capture.MarkedDynamic(None, marked, "the traced backward")
-                raise SubclassWriteError(RefusalKind[refusal.kind_name], refusal.cls_name, marked, refusal.value_type, refusal.context)
+                raise capture.MarkedDynamic(marked, "the traced backward").as_refusal()
             capture.guard_now(value)
 
     def keep_tracking(self, scope: Scope, net: Sequence[Write] = (), read: dict | None = None) -> None:
@@ -1146,6 +1145,12 @@ def _track_tree(scope: Scope, obj: Any, real: Any, where: _Where) -> None:
             scope.track(inner, inner_real, inner_where, plain_inner=True)
 
 
+def _joint_gradients(joint_out: Any) -> Any:
+    """The gradients the joint function returns for its primals."""
+    final = joint_out[0] if isinstance(joint_out[0], tuple) and len(joint_out[0]) == 2 else joint_out
+    return final[1]
+
+
 def _plan_symbolic_gradient_ctx(planner: Planner, joint_out: Any) -> None:
     """Note [A gradient's ctx made from sizes or counts]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -1163,8 +1168,7 @@ def _plan_symbolic_gradient_ctx(planner: Planner, joint_out: Any) -> None:
     expression is over the state the backward began with, as a read after a write in the
     traced backward answers with the write's expression. torch's own subclasses (DTensor's
     shapes in its spec) are torch's business."""
-    final = joint_out[0] if isinstance(joint_out[0], tuple) and len(joint_out[0]) == 2 else joint_out
-    todo = [g for g in pytree.tree_leaves(final[1]) if _is_subclass(g)]
+    todo = [g for g in pytree.tree_leaves(_joint_gradients(joint_out)) if _is_subclass(g)]
     while todo:
         grad = todo.pop()
         if not free_state.is_user_class(type(grad)):
@@ -1209,8 +1213,7 @@ def _gradient_state(planner: Planner, joint_out: Any, primals: Sequence[Any]) ->
     how), ...)), how: "constant", "counted" (value: the count's expression) or "symbolic"."""
     from torch._subclasses.functional_tensor import FunctionalTensor
 
-    final = joint_out[0] if isinstance(joint_out[0], tuple) and len(joint_out[0]) == 2 else joint_out
-    grads = final[1]
+    grads = _joint_gradients(joint_out)
     if not isinstance(grads, (list, tuple)) or len(grads) != len(primals):
         return ()
     position = {i: k for k, i in enumerate(i for i, p in enumerate(primals) if isinstance(p, torch.Tensor))}
@@ -1593,9 +1596,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                 if planner is not None:
                     planner.made_by_dispatch = _made_by_dispatch(out)
             except capture.FlattenMismatch as bad:
-                raise SubclassWriteError(
-                    RefusalKind[bad.kind_name], bad.cls_name, bad.name, bad.value_type, bad.context
-                ) from None
+                raise bad.as_refusal() from None
             if changes:
                 raise SubclassWriteError(
                     RefusalKind.GLOBAL_STATE_WRITE, next((t.cls_name for t in scope.tracked.values()), "traced function"),

@@ -476,6 +476,12 @@ class FlattenMismatch(BaseException):
         self.name = name
         self.cls_name = tracked.cls_name if tracked is not None else "traced function"
 
+    def as_refusal(self) -> Any:
+        """The refusal raised where no graph break can be: a ``SubclassWriteError``."""
+        from .errors import RefusalKind, SubclassWriteError
+
+        return SubclassWriteError(RefusalKind[self.kind_name], self.cls_name, self.name, self.value_type, self.context)
+
 
 # Note [State in __slots__]
 # A subclass's own ``__slots__`` members live outside its instance dict: torch does not carry
@@ -1428,7 +1434,7 @@ def _concrete(value: Any) -> Any:
     marked = marked_dynamic(value)
     if marked is not None:  # See Note [A size marked dynamic given to dispatch as a number]
         klass = dispatching_class()
-        raise MarkedDynamic(None, marked, klass.__name__ if klass is not None else "traced function")
+        raise MarkedDynamic(marked, klass.__name__ if klass is not None else "traced function")
     return guard_now(value)
 
 
@@ -1470,8 +1476,8 @@ class MarkedDynamic(FlattenMismatch):
     kind_name = "UNSUPPORTED_STATE_READ"
     value_type = "SymInt"
 
-    def __init__(self, tracked: Tracked | None, name: str, cls_name: str) -> None:
-        super().__init__(tracked, name)
+    def __init__(self, name: str, cls_name: str) -> None:
+        super().__init__(None, name)
         self.cls_name = cls_name  # the tracked object is not known: the class dispatching
         self.context = (
             f"dispatch of {cls_name} was given a number made from {name}, which mark_dynamic keeps symbolic: "

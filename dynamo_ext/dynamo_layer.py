@@ -1816,11 +1816,8 @@ def _propagate(
                 _graph_break(*bad.args_)
             except capture.FlattenMismatch as bad:
                 checkpoint.rollback()
-                root = getattr(tx.output, "root_tx", tx)
-                if isinstance(bad, capture.MarkedDynamic) and not (
-                    getattr(root, "one_graph", False) or getattr(tx, "error_on_graph_break", False)
-                ):
-                    raise _RunFrameEagerly(RefusalKind[bad.kind_name], bad.cls_name, bad.name, bad.value_type, bad.context)
+                if isinstance(bad, capture.MarkedDynamic) and not (_fullgraph(getattr(tx.output, "root_tx", tx)) or _fullgraph(tx)):
+                    raise _RunFrameEagerly(bad.as_refusal())
                 _graph_break(RefusalKind[bad.kind_name], bad.tracked or blame(), bad.name, bad.value_type, bad.context, bad.hint)
             except Exception as exc:
                 checkpoint.rollback()
@@ -2090,6 +2087,12 @@ def make_fakify_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     return _wrap_to_fake_tensor_and_record_impl
 
 
+def _fullgraph(tx: Any) -> bool:
+    """Whether a graph break would raise in ``tx`` (``fullgraph=True``, or Dynamo's
+    ``error_on_graph_break``)."""
+    return bool(getattr(tx, "one_graph", False) or getattr(tx, "error_on_graph_break", False))
+
+
 def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replacement for ``OutputGraph.compile_subgraph``: restore the traced objects, then
     compile with what the Dynamo layer recorded handed to the AOTAutograd layer."""
@@ -2104,7 +2107,7 @@ def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., An
                 return original(self, *args, **kwargs)
             except torch._dynamo.exc.BackendCompilerFailed as e:
                 refusal = _refusal_in(e)
-                if refusal is None or getattr(self.root_tx, "one_graph", False) or getattr(self.root_tx, "error_on_graph_break", False):
+                if refusal is None or _fullgraph(self.root_tx):
                     raise
                 _run_frame_eagerly(self.root_tx, refusal)
         state.close()
@@ -2112,7 +2115,7 @@ def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., An
         if state.record.recorded:
             for source, value in state.custom_ctx_reads:
                 guards.constant(source, value)
-        fullgraph = bool(getattr(self.root_tx, "one_graph", False) or getattr(self.root_tx, "error_on_graph_break", False))
+        fullgraph = _fullgraph(self.root_tx)
         state.record.fullgraph = fullgraph
         try:
             with handoff.handing_off(state.record):
@@ -2185,8 +2188,6 @@ def make_stolen_lists_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _refusal_in(exc: BaseException) -> Any:
-    from .errors import SubclassWriteError
-
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -2201,9 +2202,9 @@ class _RunFrameEagerly(BaseException):
     break (See Note [A size marked dynamic given to dispatch as a number] in capture.py). A
     BaseException, so it leaves inlined frames and fake propagation unwrapped."""
 
-    def __init__(self, kind: RefusalKind, cls_name: str, attr: str, value_type: str, context: str) -> None:
-        super().__init__(attr)
-        self.refusal = SubclassWriteError(kind, cls_name, attr, value_type, context=context)
+    def __init__(self, refusal: SubclassWriteError) -> None:
+        super().__init__(refusal.attr)
+        self.refusal = refusal
 
 
 def _run_frame_eagerly(tx: Any, refusal: Any) -> NoReturn:
