@@ -706,6 +706,12 @@ class Planner:
                 for e in events
                 if isinstance(e.tracked.data, _Where)
             )
+            for k, change in enumerate(scope.operand_changes):  # See Note [A count on a tensor the backward made]
+                if isinstance(getattr(scope.tracked.get(change.obj), "data", None), _Where):
+                    continue  # an input's: its writes above
+                if change.readers or change.carried:
+                    call_events.append(((partial_backward.MADE, trace, k, change.carried, change.name), change.nodes, None, trace))
+                call_events.extend(((partial_backward.MADE_READ, trace, k, change.name), r, None, trace) for r in change.readers)
             for w in scope.net_writes(events):
                 t = w.tracked
                 if not isinstance(t.data, _Where):
@@ -1252,6 +1258,11 @@ def _gradient_state(planner: Planner, joint_out: Any, primals: Sequence[Any]) ->
         )
         if items:
             found.append((index, cls, path, items))
+            set_again = {n for n, _, _ in items}
+            for scope in planner._late:  # See Note [A count on a tensor the backward made] in partial_backward.py
+                for k in scope.changes_of.get(id(obj), ()):
+                    if scope.operand_changes[k].name in set_again:
+                        scope.operand_changes[k].carried = True
         if cls is not torch.Tensor:
             for name in names:
                 visit(index, d.get(name), path + (("attr", name),), depth + 1)

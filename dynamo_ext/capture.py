@@ -590,6 +590,19 @@ def _where(t: Tracked, name: str) -> str:
 # --------------------------------------------------------------------------- #
 
 
+@dataclasses.dataclass
+class OperandChange:
+    """A change a dispatch call of the traced backward made on a tensor it was handed (See
+    Note [A count on a tensor the backward made] in partial_backward.py)."""
+
+    obj: int  # id of the object
+    name: str
+    nodes: tuple[str, ...]  # the graph nodes of the call that made it
+    call: int  # the outermost dispatch call it was made in
+    readers: list[tuple[str, ...]] = dataclasses.field(default_factory=list)  # later calls handed it
+    carried: bool = False  # a gradient the backward returns carries it
+
+
 class Scope:
     """Tracked objects and the writes made on them, for one trace."""
 
@@ -642,6 +655,38 @@ class Scope:
         #: ``reachable_writes`` (See Note [A write in the backward on an output])
         self.reachable: dict[int, tuple[Any, str]] = {}
         self.reachable_writes: list[tuple[Any, str, str]] = []
+        #: Noted where call_nodes is (See Note [A count on a tensor the backward made] in
+        #: partial_backward.py): the outermost dispatch calls so far; each change a call made
+        #: on a tensor it was handed (OperandChange); id(object) -> the indices of its changes;
+        #: the objects, kept alive while their ids stand for them.
+        self.call_serial = 0
+        self.operand_changes: list[OperandChange] = []
+        self.changes_of: dict[int, list[int]] = {}
+        self.changed_objects: list[Any] = []
+
+    def operands_handed(self, operands: dict[int, tuple[Any, dict]]) -> list[int]:
+        """A dispatch call was handed these objects: the changes an earlier call made on them,
+        which this one may read."""
+        return [
+            k for i in operands for k in self.changes_of.get(i, ()) if self.operand_changes[k].call != self.call_serial
+        ]
+
+    def note_operand_changes(self, operands: dict[int, tuple[Any, dict]], read: list[int], nodes: tuple[str, ...]) -> None:
+        """What the call handed these objects (with their instance dicts then) changed on
+        them (every name bound to another object, or removed), and which earlier changes it
+        was handed."""
+        for k in read:
+            self.operand_changes[k].readers.append(nodes)
+        for i, (obj, before) in operands.items():
+            after = obj_dict(obj)
+            changed = [n for n, v in after.items() if before.get(n, MISSING) is not v]
+            changed += [n for n in before if n not in after]
+            for name in changed:
+                if is_torch_internal(name):
+                    continue
+                self.changes_of.setdefault(i, []).append(len(self.operand_changes))
+                self.operand_changes.append(OperandChange(i, name, nodes, self.call_serial))
+                self.changed_objects.append(obj)
 
     # -- tracking -----------------------------------------------------------
 
@@ -1040,9 +1085,13 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
             if scope is not None:
                 args, kwargs = as_eager_passes(func, args, kwargs)
             graph = _tracing_graph(scope)
+            stack = _local.__dict__.setdefault("dispatching", [])
             if graph is not None:
                 first_node, first_event = len(graph.nodes), len(scope.events)
-            stack = _local.__dict__.setdefault("dispatching", [])
+                if not stack:
+                    scope.call_serial += 1
+                operands = _operands((args, kwargs))  # See Note [A count on a tensor the backward made]
+                handed = scope.operands_handed(operands)
             stack.append(klass)
             if scope is not None:
                 split = _split_by(sys._getframe(1))
@@ -1077,11 +1126,30 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
                     names = tuple(n.name for n in nodes)
                     for w in scope.events[first_event:]:  # an inner call's writes are its own
                         scope.call_nodes.setdefault(id(w), names)
+                    scope.note_operand_changes(operands, handed, names)
                     if _changes_its_result(func, nodes):
                         scope.changing_calls.append(names)
 
         hooks["__torch_dispatch__"] = classmethod(__torch_dispatch__)
     return hooks
+
+
+def _operands(args: Any) -> dict[int, tuple[Any, dict]]:
+    """The tensors other than plain ones a dispatch call was handed, and the subclass tensors
+    their instance dicts hold (a nested one), each with a copy of its instance dict, read
+    without the attribute hooks."""
+    import torch.utils._pytree as pytree
+
+    found: dict[int, tuple[Any, dict]] = {}
+    stack = [a for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor) and type(a) is not torch.Tensor]
+    while stack and len(found) < 64:
+        obj = stack.pop()
+        if id(obj) in found:
+            continue
+        d = obj_dict(obj)
+        found[id(obj)] = (obj, dict(d))
+        stack.extend(v for v in d.values() if isinstance(v, torch.Tensor) and type(v) is not torch.Tensor)
+    return found
 
 
 # Note [An exception dispatch caught while traced]

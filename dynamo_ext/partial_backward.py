@@ -473,6 +473,28 @@ def _refuse(why: str) -> SubclassWriteError:
     )
 
 
+# Note [A count on a tensor the backward made]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Dispatch may change a tensor it is handed that the backward made (``first.n += 1`` on the
+# incoming gradient two op backwards share), and a later call read the change (a tag
+# ``r.seen = first.n`` on a gradient, a result scaled from the second use on, a write on the
+# weight). Where eager's backward does not run the call that changed it, the calls it runs
+# read another value, and what they made of it was the whole backward's: a tag, a write on
+# an input, a gradient's data (an outside tester's find). Such a change (a write a call made
+# on a tensor among its operands or held by one, not on one it made; the traced backward's
+# scope notes them: capture.Scope) is a writing call of its own here, keyed by MADE, and
+# each later call handed the changed object one keyed by MADE_READ. A run where a change's call
+# does not run and a later call handed it does (or a gradient the backward returns carries it)
+# is refused. Whether dispatch read it is not seen (the backward's own tensors are not
+# tracked): being handed it is enough. A change no later call is handed is left out: nothing
+# eager keeps can hold it.
+
+#: The first item of the key of such a change (MADE, pass, index, carried, name), and of a
+#: later call handed it (MADE_READ, pass, index, name)
+MADE = "<made by the backward>"
+MADE_READ = "<read in the backward>"
+
+
 class Run(NamedTuple):
     """What one run of the compiled backward does of the traced backward's writes."""
 
@@ -534,9 +556,20 @@ def decide(node: Any, parts: BackwardParts, grad_outputs: Sequence[Any]) -> Run:
             ran.append(False)
         else:
             raise _refuse(
-                f"whether eager's backward runs the dispatch call that writes {c.key[2]!r} is not known "
+                f"whether eager's backward runs the dispatch call that writes {c.key[-1]!r} is not known "
                 "when part of the graph runs (an output gets no gradient, or an input's gradient is not wanted)"
             )
+    # See Note [A count on a tensor the backward made]
+    read = {k[1:3] for k in runs if k[0] == MADE_READ}
+    made = sorted({k[-1] for k in skipped if k[0] == MADE and (k[3] or k[1:3] in read)})
+    if made:
+        raise _refuse(
+            f"a dispatch call eager's backward would not run changed {made} on a tensor the backward made, "
+            "which a call it runs was handed after (or a gradient it returns carries): what eager's calls "
+            "make of it is not known"
+        )
+    runs = {k for k in runs if k[0] not in (MADE, MADE_READ)}
+    skipped = {k for k in skipped if k[0] not in (MADE, MADE_READ)}
     both = runs & skipped
     shares = {key: _share(key, parts.calls, ran) for key in both}
     unshared = sorted(k[2] for k, share in shares.items() if share is None)

@@ -2036,3 +2036,129 @@ def test_what_dispatch_writes_on_a_gradient_the_backward_returns(f, cls, how, fu
     if cls is TagsWithBackwardCount and f is _scaled_rows and how != "accumulated":
         assert len({repr(call) for call in eager}) == 3  # the count differs from call to call
     assert run(torch.compile(f, backend="aot_eager", fullgraph=fullgraph)) == eager
+
+
+class CountsOnItsFirstOperand(TagsItsResults):
+    """In the backward (grad mode off), each op bumps a count on its first operand, which is
+    mostly a tensor the backward made, and tags its results with it (a debugging wrapper
+    numbering the uses of each gradient)."""
+
+    @staticmethod
+    def __new__(cls, elem, n=0):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem, n=0):
+        super().__init__(elem)
+        self.n = n
+
+    def __tensor_flatten__(self):
+        return ["elem"], (self.n,)  # the incoming gradient carries its count
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"], ctx[0])
+
+    @classmethod
+    def _before(cls, args):
+        first = next((a for a in args if isinstance(a, cls)), None)
+        if first is not None and not torch.is_grad_enabled():
+            first.n = first.n + 1
+        return first
+
+    @classmethod
+    def _tagged(cls, t, func, first):
+        r = super()._tagged(t, func, first)
+        if first is not None and not torch.is_grad_enabled():
+            r.seen = first.n
+        return r
+
+
+class ScalesByOperandCount(CountsOnItsFirstOperand):
+    """The same count decides the result: doubled from the second use of an operand on."""
+
+    @classmethod
+    def _tagged(cls, t, func, first):
+        if first is not None and not torch.is_grad_enabled() and first.n > 1:
+            t = t * 2
+        return super()._tagged(t, func, first)
+
+
+class WritesOperandCountOnWeight(CountsOnItsFirstOperand):
+    """The count is written on the weight the op takes part in (``role == "weight"``)."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if not torch.is_grad_enabled():
+            first = next((a for a in args if isinstance(a, cls)), None)
+            for a in args:
+                if isinstance(a, cls) and getattr(a, "role", None) == "weight":
+                    a.last_seen = first.n
+        return out
+
+
+def _linear_sum(x, w):
+    return torch.nn.functional.linear(x, w).sum()
+
+
+def _two_uses(x, w):
+    h = x * w
+    return (h.sin() + h).sum()
+
+
+_ORDER_RUNS = {
+    "grad_x": lambda loss, x, w: torch.autograd.grad(loss, [x]),
+    "grad_w": lambda loss, x, w: torch.autograd.grad(loss, [w]),
+    "grad_xw": lambda loss, x, w: torch.autograd.grad(loss, [x, w]),
+    "inputs_x": lambda loss, x, w: loss.backward(inputs=[x]),
+    "backward": lambda loss, x, w: loss.backward(),
+}
+
+
+@pytest.mark.parametrize("run_name", sorted(_ORDER_RUNS))
+@pytest.mark.parametrize("cls", [CountsOnItsFirstOperand, ScalesByOperandCount, WritesOperandCountOnWeight])
+@pytest.mark.parametrize("f", [_linear_sum, _two_uses])
+def test_a_count_on_a_tensor_the_backward_made_in_a_backward_for_part_of_the_graph(f, cls, run_name):
+    """Note [A backward run for part of the graph]: a count dispatch bumps on a tensor the
+    backward made (the incoming gradient both of an op's input gradients are computed from),
+    read by a later call: where eager's backward does not run a call that bumped it, the
+    calls it runs read another count, and what they made of it (a tag on a gradient, a
+    result, a write on the weight) was the whole backward's (an outside tester's find). The
+    compiled backward gives eager's values, or is refused with nothing written or
+    accumulated; the whole backward is never refused."""
+    how = _ORDER_RUNS[run_name]
+
+    def state(*ts):
+        return [
+            ({k: v for k, v in vars(t).items() if k != "elem"}, None if t.grad is None else (t.grad.elem.tolist(), _tags(t.grad)))
+            for t in ts
+        ]
+
+    def run(fn):
+        torch.manual_seed(0)
+        w = cls(torch.randn(3, 4) if f is _linear_sum else torch.randn(4)).requires_grad_()
+        w.role = "weight"
+        seen = []
+        for _ in range(2):
+            x = cls(torch.randn(5, 4)).requires_grad_()
+            loss = fn(x, w)
+            before = state(x, w)
+            try:
+                got = how(loss, x, w)
+            except SubclassWriteError as e:
+                assert e.kind is RefusalKind.WRITE_IN_BACKWARD, e
+                assert state(x, w) == before
+                seen.append("refused")
+                continue
+            seen.append(([(g.elem.tolist(), _tags(g)) for g in got or ()], state(x, w)))
+        return seen
+
+    torch._dynamo.reset()
+    eager = run(f)
+    assert "refused" not in eager
+    compiled = run(torch.compile(f, backend="aot_eager", fullgraph=True))
+    if "refused" in compiled:
+        assert run_name not in ("grad_xw", "backward"), "the whole backward refused"
+        assert all(c == e for c, e in zip(compiled, eager) if c != "refused")
+    else:
+        assert compiled == eager
