@@ -1211,12 +1211,17 @@ def _gradient_state(planner: Planner, joint_out: Any, primals: Sequence[Any]) ->
     backward]); a count computed again from what the backward read, before its own writes
     are replayed (refused in a run for part of the graph that skips calls, whose counts
     eager's calls do not reach); a value holding sizes with this call's values (refused at
-    compile time where they are not known). A tensor there is not carried, nor an
-    attribute the rebuilt gradient holds that dispatch's object lacks (README, Limits). A
+    compile time where they are not known). A tensor there is not carried (the compiled
+    backward returns gradients only): ``x.grad`` gets autograd's ``detach`` of the gradient,
+    which dispatch tags again, but a gradient ``autograd.grad`` or a tensor hook of a leaf
+    gets would lack it, so that backward is refused (a gradient flowing on to eager code
+    upstream is not: README, Limits); nor is an attribute the rebuilt gradient holds that
+    dispatch's object lacks. A
     gradient that is an incoming gradient passed through is left alone (See Note [Writes on
     incoming gradients]). Returns (position among the tensor inputs, which the compiled
     backward's node has gradients for; the class; path to a nested tensor; ((name, value,
-    how), ...)), how: "constant", "counted" (value: the count's expression) or "symbolic"."""
+    how), ...)), how: "constant", "counted" (value: the count's expression), "symbolic" or
+    "tensor" (value: None)."""
     from torch._subclasses.functional_tensor import FunctionalTensor
 
     grads = _joint_gradients(joint_out)
@@ -1229,8 +1234,10 @@ def _gradient_state(planner: Planner, joint_out: Any, primals: Sequence[Any]) ->
     def carried(obj: Any, name: str, value: Any) -> tuple[str, Any, str] | None:
         if isinstance(value, counters.CountedInt):
             return (name, value.expr, "counted")
-        if counters.holds_counted(value) or contains_tensor(value):
+        if counters.holds_counted(value):
             return None
+        if contains_tensor(value):
+            return (name, None, "tensor")
         if contains_symbolic(value):
             if not _note_symbols(value, planner.symbol_sources, planner.call_symbols):
                 raise SubclassWriteError(

@@ -131,9 +131,9 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         Refusal(
             RefusalKind.WRITE_IN_BACKWARD,
             "A write made in the backward that cannot be replayed when the compiled backward runs "
-            "(a gradient's ctx value unknown at run time; a backward for part of the graph where what "
-            "eager's calls leave is not known; a write on a saved output; checkpointing, saved-tensor hooks "
-            "or create_graph=True).",
+            "(a gradient's ctx value unknown at run time; a backward for part of the graph whose writes "
+            "are not known; a write on a saved output; a tensor on a gradient; checkpointing, saved-tensor "
+            "hooks, create_graph=True).",
             "dynamo_ext replays a backward write when the compiled backward runs if its value is a "
             "constant or an int computed from the state the backward read, and the forward does "
             "not write the same attribute; this one is not such a write.",
@@ -145,6 +145,8 @@ REFUSALS: dict[RefusalKind, Refusal] = {
                 "the tensors the backward returns.",
                 "A backward run for part of the graph (autograd.grad of some inputs, an output with no "
                 "gradient whose ops write): run the whole backward, or compile those outputs apart.",
+                "A tensor dispatch leaves on a gradient reaches x.grad (autograd's detach is tagged "
+                "again): read it there, not from autograd.grad's result or a tensor hook.",
             ),
             "AOTAutograd",
         ),

@@ -565,6 +565,14 @@ class Replay:
                             value = resolve_symbolic(value, values, read)
                             if value is MISSING:
                                 why = "the sizes dispatch left on a gradient are not known in this call"
+                        elif how == "tensor":
+                            if not _gradient_seen(node, index):
+                                continue  # x.grad: autograd's detach of it, which dispatch tags again
+                            why = (
+                                "dispatch left a tensor on a gradient the backward returns, which the compiled "
+                                "backward does not return: autograd.grad or a tensor hook would get the gradient "
+                                "without it"
+                            )
                         if why is not None:
                             _undo_this_backward()  # See Note [A refusal undoes the backward's earlier writes]
                             raise SubclassWriteError(RefusalKind.WRITE_IN_BACKWARD, cls.__name__, name, how, context=why)
@@ -665,6 +673,24 @@ def _this_backward_journal() -> list[tuple[Any, str, Any]]:
     for old in sorted(_JOURNALS)[:-_KEPT_JOURNALS]:
         del _JOURNALS[old]
     return journal
+
+
+def _gradient_seen(node: Any, index: int) -> bool:
+    """Whether the gradient the compiled backward's node sends its input ``index`` is handed
+    to user code as it is: a leaf's that ``autograd.grad`` captures or a tensor hook of the
+    leaf gets (``x.grad`` is autograd's ``detach`` of it). A gradient flowing on to another
+    node is not (README, Limits)."""
+    nexts = node.next_functions
+    if index >= len(nexts):
+        return True
+    fn = nexts[index][0]
+    if fn is None or type(fn).__name__ != "AccumulateGrad":
+        return False
+    try:
+        torch._C._will_engine_execute_node(fn)
+    except RuntimeError:  # a leaf autograd.grad captures
+        return True
+    return bool(getattr(fn.variable, "_backward_hooks", None))
 
 
 def _undo_this_backward() -> None:

@@ -2162,3 +2162,66 @@ def test_a_count_on_a_tensor_the_backward_made_in_a_backward_for_part_of_the_gra
         assert all(c == e for c, e in zip(compiled, eager) if c != "refused")
     else:
         assert compiled == eager
+
+
+class TagsAmax(TagsItsResults):
+    """Tags each result with the op and its largest magnitude, a tensor (float8-style)."""
+
+    @classmethod
+    def _tagged(cls, t, func, before):
+        r = super()._tagged(t, func, before)
+        r.amax = t.abs().max()
+        return r
+
+
+def _amax_tags(g):
+    if g is None:
+        return None
+    return (type(g).__name__, getattr(g, "made_by", None), float(g.amax) if hasattr(g, "amax") else None)
+
+
+@pytest.mark.parametrize("how", ["autograd_grad", "hook", "accumulated"])
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "no_fullgraph"])
+@pytest.mark.parametrize("f", [_centred_linear, _scaled_rows])
+def test_a_tensor_dispatch_leaves_on_a_gradient_the_backward_returns(f, how, fullgraph):
+    """Note [What dispatch leaves on a gradient the backward returns]: a tensor tag
+    (``r.amax``) on the gradient the backward's last op made is not among the compiled
+    backward's outputs. ``x.grad`` is autograd's ``detach`` (or sum) of the gradient, which
+    dispatch tags again: equal to eager. A gradient ``autograd.grad`` returns or a tensor
+    hook gets would lack it (an outside tester's find: silently): that backward is refused,
+    nothing written or accumulated."""
+
+    def run(fn):
+        torch.manual_seed(0)
+        w = TagsAmax(torch.randn(3, 4) if f is _centred_linear else torch.randn(4)).requires_grad_()
+        seen = []
+        for rows in (5, 2):
+            x = TagsAmax(torch.randn(rows, 4)).requires_grad_()
+            loss = fn(x, w).sum()
+            before = (_amax_tags(x.grad), _amax_tags(w.grad))
+            try:
+                if how == "hook":
+                    got = {}
+                    x.register_hook(lambda g: got.update(x=_amax_tags(g)))
+                    loss.backward()
+                    seen.append(got)
+                elif how == "accumulated":  # (w's gradient: summed with the first call's)
+                    loss.backward()
+                    seen.append((_amax_tags(x.grad), _amax_tags(w.grad)))
+                else:
+                    seen.append(tuple(_amax_tags(g) for g in torch.autograd.grad(loss, [x, w])))
+            except SubclassWriteError as e:
+                assert e.kind is RefusalKind.WRITE_IN_BACKWARD, e
+                assert (_amax_tags(x.grad), _amax_tags(w.grad)) == before
+                seen.append("refused")
+        return seen
+
+    torch._dynamo.reset()
+    eager = run(f)
+    assert "refused" not in eager and "amax" not in repr(eager)
+    assert all(t is not None and t[2] is not None for call in eager for t in (call.values() if isinstance(call, dict) else call))
+    compiled = run(torch.compile(f, backend="aot_eager", fullgraph=fullgraph))
+    if how == "accumulated":
+        assert compiled == eager
+    else:
+        assert compiled == ["refused", "refused"]
