@@ -2124,3 +2124,68 @@ def test_a_registered_state_class_without_an_instance_dict():
 
     with pytest.raises(TypeError, match="register_ctx_state: instances of .*SlottedStats have no __dict__"):
         dynamo_ext.register_ctx_state(SlottedStats)
+
+
+class KeepsScaleOnItsRoot(torch.Tensor):
+    """A float8-style weight whose scaling state (a step, a scale recomputed every second
+    use) sits on another subclass object it holds outside its flatten list (``w.root``), as a
+    view made outside the compiled region points to its weight."""
+
+    @staticmethod
+    def __new__(cls, elem, scale=None):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+        r.elem = elem
+        r.scale = scale if scale is not None else torch.ones(())
+        r.step = 0
+        r.root = None
+        return r
+
+    def __tensor_flatten__(self):
+        return ["elem", "scale"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"], inner["scale"])
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def unwrap(t):
+            if not isinstance(t, cls):
+                return t
+            if func is torch.ops.aten.mm.default:
+                r = t.root if t.root is not None else t
+                r.step += 1
+                if r.step % 2 == 0:
+                    r.scale = 4.0 / r.elem.abs().max()
+                return t.elem * r.scale
+            return t.elem
+
+        return func(*[unwrap(a) for a in args], **(kwargs or {}))
+
+
+@pytest.mark.xfail(strict=True, reason="open: the write on the held object is replayed as the first call's (outside round 22)")
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "no_fullgraph"])
+def test_scaling_state_on_a_subclass_held_outside_the_flatten_list(fullgraph):
+    """The held object (``w.root``) is a graph input Dynamo lifts; dispatch counts on it and
+    recomputes its scale from the second call on. Compiled (aot_eager), every call repeats
+    the first call's step and keeps the first scale (stock writes nothing at all)."""
+
+    def run(fn):
+        torch.manual_seed(0)
+        w, root = KeepsScaleOnItsRoot(torch.randn(4, 4)), KeepsScaleOnItsRoot(torch.randn(4, 4))
+        w.root = root
+        seen = []
+        for _ in range(3):
+            out = fn(torch.ones(2, 4), w)
+            seen.append((out.tolist(), root.step, float(root.scale), w.step))
+        return seen
+
+    def f(x, w):
+        return x @ w
+
+    torch._dynamo.reset()
+    eager = run(f)
+    assert [s[1] for s in eager] == [1, 2, 3]
+    assert run(torch.compile(f, backend="aot_eager", fullgraph=fullgraph)) == eager
