@@ -932,6 +932,18 @@ class Planner:
 
         source = self.source_of(real)
         if source is None:
+            if self.record is not None:
+                # Note [State of a tensor Dynamo lifted but never tracked]: Dynamo's guards are
+                # being collected, but Dynamo's pass never handed this input to an op (dispatch
+                # reached it through another input's attribute outside the flatten list,
+                # ``w.root``): with no source the read could not be guarded, and every call
+                # replayed the first call's writes (an outside tester's find). Refused.
+                raise SubclassWriteError(
+                    RefusalKind.UNSUPPORTED_STATE_READ, type(real).__name__, str(read.name or "<keys>"),
+                    type(read.value).__name__,
+                    "dispatch read the state of a tensor it reached through another input's attribute outside "
+                    "__tensor_flatten__ (w.root), which the compiled program cannot guard",
+                )
             return
         if read.kind is ReadKind.KEYS:
             guards.keys(source)
