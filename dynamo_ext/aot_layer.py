@@ -1697,7 +1697,9 @@ def _refuse_inner_metadata_mutation(scope: Scope) -> None:
     """An inner tensor changed in place where AOTAutograd cannot write it back: its
     sizes/strides (``self.elem.t_()``), or its data on a leaf input that requires grad in
     a training graph (``self.amax_history.copy_(...)`` on a parameter: torch returns None
-    from the compiled function, or fails to partition, stock too).
+    from the compiled function, or fails to partition, stock too), unless every such
+    mutation ran under ``no_grad`` (``w.add_(w.grad, alpha=-lr)`` in a compiled update step,
+    which AOTAutograd writes back as stock: an outside tester's find).
 
     Stock AOTAutograd refuses the first with "Metadata mutations are currently not allowed
     on tensor subclasses", which names neither the subclass nor the attribute.
@@ -1715,7 +1717,11 @@ def _refuse_inner_metadata_mutation(scope: Scope) -> None:
                     raise SubclassWriteError(
                         RefusalKind.INNER_METADATA_MUTATION, t.cls_name, name, "Tensor (sizes/strides changed in place)"
                     )
-                if training and torch._functionalize_has_data_mutation(value.elem):
+                if (
+                    training and torch._functionalize_has_data_mutation(value.elem)
+                    # under no_grad in the compiled function (a manual SGD step): written back as stock
+                    and not torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(value.elem)
+                ):
                     raise SubclassWriteError(
                         RefusalKind.INNER_METADATA_MUTATION, t.cls_name, name,
                         "Tensor (data changed in place on an input that requires grad)",

@@ -175,7 +175,7 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         Refusal(
             RefusalKind.INNER_METADATA_MUTATION,
             "An inner tensor's sizes or strides were changed in place (self.elem.t_()), or its data on a "
-            "parameter or in the backward.",
+            "parameter with grad on, or in the backward.",
             "AOTAutograd cannot represent an in-place metadata change of a subclass input "
             "(stock: 'Metadata mutations are currently not allowed on tensor subclasses'), nor "
             "write back an inner tensor's in-place data change under autograd (stock returns "

@@ -2200,3 +2200,46 @@ def test_scaling_state_on_a_subclass_held_outside_the_flatten_list(fullgraph):
         assert compiled == [("refused", 0, 1.0, 0)] * 3
     else:
         assert compiled == eager
+
+
+class CountsItsUpdates(WrapperTensor):
+    """A parameter wrapper counting the in-place ops on it (an optimizer-step counter)."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **kwargs)
+        if func._schema.name.endswith("_") and isinstance(args[0], cls):
+            args[0].updates = getattr(args[0], "updates", 0) + 1
+            return args[0]
+        return cls(out) if isinstance(out, torch.Tensor) else out
+
+
+@pytest.mark.parametrize("counts", [False, True], ids=["writes_nothing", "counts_updates"])
+def test_a_compiled_update_under_no_grad_on_a_subclass_parameter(counts):
+    """A compiled manual SGD step (``w.add_(w.grad, alpha=-lr)`` under ``no_grad``) changes a
+    parameter's inner tensor in place: AOTAutograd writes it back, as stock does. It was
+    refused (``inner_metadata_mutation``) whatever the class wrote (an outside tester's find:
+    stock compiles it)."""
+
+    def step(ws):
+        with torch.no_grad():
+            for w in ws:
+                w.add_(w.grad, alpha=-0.1)
+
+    def run(fn):
+        torch.manual_seed(0)
+        cls = CountsItsUpdates if counts else WrapperTensor
+        ws = [cls(torch.randn(4, 4)).requires_grad_() for _ in range(2)]
+        seen = []
+        for _ in range(2):
+            (torch.randn(3, 4) @ ws[0] @ ws[1]).sum().backward()
+            fn(ws)
+            seen.append([(w.elem.tolist(), getattr(w, "updates", None)) for w in ws])
+            for w in ws:
+                w.grad = None
+        return seen
+
+    torch._dynamo.reset()
+    eager = run(step)
+    assert run(torch.compile(step, backend="aot_eager", fullgraph=True)) == eager
