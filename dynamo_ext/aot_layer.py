@@ -707,7 +707,7 @@ class Planner:
                 if isinstance(e.tracked.data, _Where)
             )
             for k, change in enumerate(scope.operand_changes):  # See Note [A count on a tensor the backward made]
-                if isinstance(getattr(scope.tracked.get(change.obj), "data", None), _Where):
+                if isinstance(getattr(scope.tracked.get(id(change.obj)), "data", None), _Where):
                     continue  # an input's: its writes above
                 if change.readers or change.carried:
                     call_events.append(((partial_backward.MADE, trace, k, change.carried, change.name), change.nodes, None, trace))

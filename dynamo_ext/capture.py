@@ -595,7 +595,7 @@ class OperandChange:
     """A change a dispatch call of the traced backward made on a tensor it was handed (See
     Note [A count on a tensor the backward made] in partial_backward.py)."""
 
-    obj: int  # id of the object
+    obj: Any  # the object (kept alive while ids stand for it)
     name: str
     nodes: tuple[str, ...]  # the graph nodes of the call that made it
     call: int  # the outermost dispatch call it was made in
@@ -657,12 +657,10 @@ class Scope:
         self.reachable_writes: list[tuple[Any, str, str]] = []
         #: Noted where call_nodes is (See Note [A count on a tensor the backward made] in
         #: partial_backward.py): the outermost dispatch calls so far; each change a call made
-        #: on a tensor it was handed (OperandChange); id(object) -> the indices of its changes;
-        #: the objects, kept alive while their ids stand for them.
+        #: on a tensor it was handed (OperandChange); id(object) -> the indices of its changes.
         self.call_serial = 0
         self.operand_changes: list[OperandChange] = []
         self.changes_of: dict[int, list[int]] = {}
-        self.changed_objects: list[Any] = []
 
     def operands_handed(self, operands: dict[int, tuple[Any, dict]]) -> list[int]:
         """A dispatch call was handed these objects: the changes an earlier call made on them,
@@ -685,8 +683,7 @@ class Scope:
                 if is_torch_internal(name):
                     continue
                 self.changes_of.setdefault(i, []).append(len(self.operand_changes))
-                self.operand_changes.append(OperandChange(i, name, nodes, self.call_serial))
-                self.changed_objects.append(obj)
+                self.operand_changes.append(OperandChange(obj, name, nodes, self.call_serial))
 
     # -- tracking -----------------------------------------------------------
 
