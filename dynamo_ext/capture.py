@@ -320,7 +320,7 @@ class Tracked:
         self.slot_names = _user_slot_names(type(obj)) - self.flatten_names
         self.entry = dict(user_state(obj_dict(obj)))
         self.entry_containers = {
-            k: copy.deepcopy(v) for k, v in self.entry.items() if isinstance(v, PLAIN_MUTABLE) and not contains_tensor(v)
+            k: _snapshot(v) for k, v in self.entry.items() if isinstance(v, PLAIN_MUTABLE) and not contains_tensor(v)
         }
         self.expected = dict(self.entry)  # what __dict__ holds after the recorded events
         self.containers: dict[str, tuple[Any, Any]] = {}  # name -> (container handed out, its contents then)
@@ -901,7 +901,7 @@ class Scope:
             d.update(internal)
             for name, contents in t.entry_containers.items():
                 container = t.entry[name]
-                if _changed(container, contents):
+                if contents is not _UNCOPYABLE and _changed(container, contents):
                     _refill(container, contents)
 
     def net_writes(self, events: list[Write] | None = None) -> list[Write]:
@@ -922,9 +922,30 @@ def _snapshot(container: Any) -> Any:
     """A copy to compare with later; a container now holding what does not copy (a traced
     tensor, a symbolic int) compares as changed from then on."""
     try:
-        return copy.deepcopy(container)
+        return _copy_contents(container)
     except Exception:  # noqa: BLE001 - whatever deepcopy rejects
         return _UNCOPYABLE
+
+
+def _copy_contents(container: Any) -> Any:
+    """A deep copy that keeps the symbolic numbers inside as they are: a SymInt is immutable
+    and does not copy (a dict ``{"step": s0}`` an object built while tracing holds, where
+    the step is a dynamic int)."""
+    memo: dict[int, Any] = {}
+    _keep_symbolic(container, memo)
+    return copy.deepcopy(container, memo)
+
+
+def _keep_symbolic(value: Any, memo: dict[int, Any]) -> None:
+    if isinstance(value, SYMBOLIC_TYPES):
+        memo[id(value)] = value
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for v in value:
+            _keep_symbolic(v, memo)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _keep_symbolic(k, memo)
+            _keep_symbolic(v, memo)
 
 
 def _changed(container: Any, contents: Any) -> bool:
@@ -939,9 +960,9 @@ def _changed(container: Any, contents: Any) -> bool:
 def _refill(container: Any, contents: Any) -> None:
     if isinstance(container, (dict, set)):
         container.clear()
-        container.update(copy.deepcopy(contents))
+        container.update(_copy_contents(contents))
     else:
-        container[:] = copy.deepcopy(contents)
+        container[:] = _copy_contents(contents)
 
 
 # --------------------------------------------------------------------------- #

@@ -14,7 +14,10 @@ with the others:
   ``same_value`` / ``equal_value`` (the current value written back, or an equal one of
   another type or sign: 1.0 over 1, True over True, -0.0 over 0.0, an equal new tensor);
   sizes (``elem.shape``, ``shape[0]``, ``numel()``, ``f"{rows}x{cols}"``, a running
-  row count), SymInts under ``dynamic=True`` or a changing batch size.
+  row count), SymInts under ``dynamic=True`` or a changing batch size; ``stamp``: the op's
+  result gets a dict of the first argument's row count and attribute
+  (``out.stamp = {"rows": ..., "n": ...}``, as views keep their root's step), which holds
+  SymInts where those are dynamic and reaches the next op as an intermediate.
 - ``ctor``: defaults ``__new__`` sets outside the ctx; ``unflatten``: a default
   ``__tensor_unflatten__`` sets outside the ctx (possibly another value, or another
   attribute, than ``__new__``'s).
@@ -114,6 +117,7 @@ KINDS = [
     "sym_numel",
     "sym_desc",
     "sym_acc",
+    "stamp",
 ]
 TENSOR_KINDS = {"tensor_from_input", "tensor_from_output", "alias"}
 ATTRS = ("a", "b", "step", "scale")
@@ -204,9 +208,10 @@ def layout_of(spec: Spec) -> Layout:
     ctx holds no tensors; attributes with a constructor / unflatten default are outside
     both."""
     defaulted = {a for a, _ in spec.ctor} | ({spec.unflatten[0]} if spec.unflatten else set())
-    growing = {w.attr for w in spec.writes if w.grows_flatten} - defaulted
-    tensorish = {w.attr for w in spec.writes if w.kind in TENSOR_KINDS}
-    ctx = {w.attr for w in spec.writes if w.in_ctx} - growing - tensorish - defaulted
+    writes = [w for w in spec.writes if w.kind != "stamp"]  # a stamp writes on the result
+    growing = {w.attr for w in writes if w.grows_flatten} - defaulted
+    tensorish = {w.attr for w in writes if w.kind in TENSOR_KINDS}
+    ctx = {w.attr for w in writes if w.in_ctx} - growing - tensorish - defaulted
     return Layout(tuple(sorted(ctx)), tuple(sorted(growing)), frozenset(ctx | {a for a, _ in spec.ctor}))
 
 
@@ -425,6 +430,10 @@ def make_subclass(spec: Spec) -> tuple[type, type | None, Callable[[str, float],
                 if w.op != name:
                     continue
                 k = w.kind
+                if k == "stamp":
+                    if isinstance(out, cls):
+                        out.stamp = {"rows": _rows(first.elem), "n": getattr(first, w.attr, 0)}
+                    continue
                 if k == "constant":
                     value = f"{w.op}-seen"
                 elif k == "counter":
@@ -657,7 +666,7 @@ def predict_refusals(spec: Spec, program: Program, backend: str = "aot_eager") -
         inner_list = inner_list and (backend != "eager" or op in on_input)
         holds: dict[str, bool] = {}
         for w in spec.writes:
-            if w.op != op:
+            if w.op != op or w.kind == "stamp":
                 continue
             if w.attr in lay.growing:
                 holds[w.attr] = False
@@ -667,6 +676,11 @@ def predict_refusals(spec: Spec, program: Program, backend: str = "aot_eager") -
                 holds[w.attr] = False
         if any(holds.values()) or inner_list:
             refused.add(RefusalKind.MUTABLE_VALUE)
+        if backend != "eager" and any(w.op == op and w.kind == "stamp" for w in spec.writes):
+            # a stamped result is an output (every step's value is), which AOTAutograd builds
+            # anew: a fresh dict (``opaque_value`` where it holds a SymInt or a tensor) it
+            # cannot give it; on the eager backend dispatch makes it at run time
+            refused |= {RefusalKind.MUTABLE_VALUE, RefusalKind.OPAQUE_VALUE}
     return refused
 
 

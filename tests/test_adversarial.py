@@ -2243,3 +2243,71 @@ def test_a_compiled_update_under_no_grad_on_a_subclass_parameter(counts):
     torch._dynamo.reset()
     eager = run(step)
     assert run(torch.compile(step, backend="aot_eager", fullgraph=True)) == eager
+
+
+class StampsItsStepOnViews(WrapperTensor):
+    """A float8-style weight counting its matmuls on its root; each view it makes points to
+    the root and copies the root's step into a metadata dict (``v.meta = {"step": ...}``), and
+    with ``in_place`` the root's own dict is updated in place as well."""
+
+    in_place = False
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        src = next(a for a in args if isinstance(a, cls))
+        root = vars(src).get("root")
+        root = src if root is None else root
+        if func is torch.ops.aten.mm.default:
+            root.step = getattr(root, "step", 0) + 1
+            if cls.in_place:
+                vars(root).setdefault("meta", {})["step"] = root.step
+        out = func(*[a.elem if isinstance(a, cls) else a for a in args], **kwargs)
+        if func is torch.ops.aten.t.default:
+            view = cls(out)
+            view.root = root
+            view.meta = {"step": getattr(root, "step", 0)}
+            return view
+        return out
+
+
+class StampsItsStepOnViewsInPlace(StampsItsStepOnViews):
+    in_place = True
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "graph_breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("cls", [StampsItsStepOnViews, StampsItsStepOnViewsInPlace], ids=["views", "in_place"])
+def test_a_dict_holding_a_step_that_became_dynamic(cls, backend, fullgraph):
+    """The step changes every call, so from the third call Dynamo traces it as a SymInt, and
+    the view dispatch makes while traced holds ``{"step": s0}``. Tracking that view crashed
+    the compile (``InternalTorchDynamoError`` from copying the dict: a SymInt does not deep-copy;
+    an outside tester's find, under ``fullgraph=False`` too). The dict is copied keeping its
+    symbolic numbers: compiled matches eager; the root's dict changed in place is refused under
+    ``fullgraph`` (``mutable_value``), the weight untouched, and runs eagerly otherwise."""
+
+    def run(fn):
+        torch.manual_seed(0)
+        w = cls(torch.randn(4, 4))
+        seen = []
+        for batch in (3, 5, 4, 6):
+            try:
+                out = fn(torch.randn(batch, 4), w)
+            except Exception as e:
+                seen.append((refusal_kind(e), getattr(w, "step", None), vars(w).get("meta")))
+                continue
+            seen.append((out.tolist(), w.step, dict(vars(w).get("meta", {}))))
+        assert not leaked_fakes(w)
+        return seen
+
+    def f(x, w):
+        return x @ w.t()
+
+    torch._dynamo.reset()
+    eager = run(f)
+    assert [s[1] for s in eager] == [1, 2, 3, 4]
+    compiled = run(torch.compile(f, backend=backend, fullgraph=fullgraph))
+    if fullgraph and cls.in_place:
+        assert compiled == [("mutable_value", None, None)] * 4
+    else:
+        assert compiled == eager
