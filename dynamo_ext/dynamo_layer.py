@@ -516,6 +516,7 @@ class FrameState:
         from torch._dynamo.source import AttrSource
         from torch._dynamo.variables.builder import VariableBuilder
         from torch._dynamo.variables.lazy import LazyVariableTracker
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
         ref: Ref = t.data
         value, _ = capture.eager_lookup(t.real, name)
@@ -527,6 +528,15 @@ class FrameState:
         proxy = vt.as_proxy()
         self._insert_seed(ref, name, proxy.node)
         fake = proxy.node.meta["example_value"]
+        if (
+            is_traceable_wrapper_subclass(fake) and is_traceable_wrapper_subclass(value)
+            and self.scope.lookup(fake) is None and "grapharg" in proxy.node.meta
+        ):
+            # Note [State of a tensor Dynamo lifted but never tracked]: a subclass reached
+            # through an attribute outside the flatten list (``w.root``) is a graph input of
+            # its own, handed to no op of Dynamo's graph: tracked here, with its source, its
+            # reads are answered from the real object and guarded and its writes replayed.
+            self._track_real(fake, value, Ref(vt, vt.source, proxy.node))
         if t.shared:
             # The object is shared with eager: the fake stands in for the trace and is
             # put back when the frame is compiled.

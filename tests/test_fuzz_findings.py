@@ -950,3 +950,24 @@ def test_a_fuzzed_backward_of_the_first_output(case):
     spec, program = _partial_cases()[case]
     torch._dynamo.reset()
     run_case(spec, program, "aot_eager")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_method_of_an_inner_subclass_held_outside_the_flatten_list(backend):
+    """A constructor default copies the inner subclass (``r.b = elem.clone()``) outside the
+    flatten list; dispatch writes an equal copy of it (``first.b = first.b.clone()``). Looking
+    ``clone`` up on the held object reads its instance dict, an object Dynamo lifts as a graph
+    input but handed to no op, so it had no source: refused under ``fullgraph`` as an unguarded
+    read (See Note [State of a tensor Dynamo lifted but never tracked]), where stock compiles.
+    The Dynamo layer now tracks what it lifts, with its source."""
+    from fuzz_parts import Inner, Program, Spec, Write, run_case
+
+    spec = Spec(
+        writes=(Write(op="add", kind="constant", attr="a", in_ctx=False, grows_flatten=False),
+                Write(op="add", kind="equal_value", attr="b", in_ctx=False, grows_flatten=False)),
+        ctor=(("b", "tensor"),),
+        inner=Inner(ctx_op=None, dict_op=None, dict_kind="counter"),
+    )
+    program = Program(n_inputs=1, steps=(("add", 0, 0),), break_after=None, requires_grad=False, calls=2)
+    torch._dynamo.reset()
+    run_case(spec, program, backend)
