@@ -24,6 +24,7 @@ import dis
 import functools
 import gc
 import inspect
+import itertools
 import os
 import sys
 import sysconfig
@@ -721,6 +722,93 @@ def _same_contents(value: Any, contents: Any) -> bool:
     return len(value) == len(contents) and all(a is b for a, b in zip(value, contents))
 
 
+def _held_containers(label: str, value: Any) -> list[tuple[str, Any]]:
+    """The mutable containers a global (a class's or an object's attribute, a closure
+    variable) holds, each with a name for messages: itself, the containers inside it (a dict
+    in a tuple, the inner dicts of a ``defaultdict(dict)``), a weak dictionary's table, and a
+    user function's default arguments and attributes (``def f(n, _cache={})``, ``f.cache =
+    {}``): where dispatch may keep what it computed while traced (an outside tester found a
+    fake tensor left in each, and on the weight at the next call). Subclasses of the plain
+    containers count (``defaultdict``, ``OrderedDict``, ``Counter``)."""
+    import weakref
+
+    out: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+
+    def walk(label: str, value: Any, depth: int) -> None:
+        if id(value) in seen or depth > _MAX_DEPTH or len(out) >= _MAX_HELD or isinstance(value, torch.Tensor):
+            return
+        seen.add(id(value))
+        if isinstance(value, (weakref.WeakKeyDictionary, weakref.WeakValueDictionary)):
+            out.append((label, value.data))  # its values are not followed
+            return
+        if isinstance(value, _CONTAINERS):
+            out.append((label, value))
+        if isinstance(value, dict):
+            for k, v in itertools.islice(value.items(), _MAX_ITEMS):
+                walk(f"{label}[{k!r}]", v, depth + 1)
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(itertools.islice(value, _MAX_ITEMS)):
+                walk(f"{label}[{i}]", v, depth + 1)
+        elif depth == 0 and isinstance(value, types.FunctionType) and is_user_code(value.__code__.co_filename):
+            walk(f"{label}.__defaults__", value.__defaults__ or (), depth + 1)
+            walk(f"{label}.__kwdefaults__", value.__kwdefaults__ or {}, depth + 1)
+            walk(f"{label}.__dict__", vars(value), depth)
+        elif depth == 0 and _memo(value) is not None:
+            walk(label, _memo(value).__wrapped__, depth)
+
+    walk(label, value, 0)
+    return out
+
+
+_MAX_HELD = 256  # containers followed from one global
+
+
+def _memo(value: Any) -> Any:
+    """The ``functools.lru_cache`` / ``functools.cache`` wrapper ``value`` is (or a
+    staticmethod or classmethod holds), else None."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    wrapper = getattr(functools, "_lru_cache_wrapper", None)
+    if wrapper is not None and isinstance(value, wrapper) and hasattr(value, "cache_info"):
+        return value
+    return None
+
+
+def _misses(memo: Any) -> int:
+    return memo.cache_info().misses
+
+
+def _snapshot_held(pairs: Any) -> list[tuple[str, Any, Any]]:
+    """(name, container, its contents now) for what each ``(name, value)`` holds."""
+    return [(label, c, _contents(c)) for name, value in pairs for label, c in _held_containers(name, value)]
+
+
+def _restore_held(held: list[tuple[str, Any, Any]], owner: str, what: str) -> list[GlobalChange]:
+    changes = []
+    for label, container, contents in held:
+        if not _same_contents(container, contents):
+            changes.append(GlobalChange(owner, label, what))
+            _refill(container, contents)
+    return changes
+
+
+def _snapshot_memos(pairs: Any) -> list[tuple[str, Any, int]]:
+    return [(name, m, _misses(m)) for name, value in pairs if (m := _memo(value)) is not None]
+
+
+def _restore_memos(memos: list[tuple[str, Any, int]], owner: str) -> list[GlobalChange]:
+    """A memoised function that computed a value while traced holds a value of the trace (a
+    fake tensor its next eager call returns): its cache is cleared (the one way to drop an
+    entry of ``functools.lru_cache``), and the change reported."""
+    changes = []
+    for name, memo, misses in memos:
+        if _misses(memo) != misses:
+            changes.append(GlobalChange(owner, name, "filled while traced (a functools cache, now cleared)"))
+            memo.cache_clear()
+    return changes
+
+
 @dataclasses.dataclass(frozen=True)
 class GlobalChange:
     module: str
@@ -788,7 +876,8 @@ class ModuleWatch:
         """Yield a list that, after the block, holds what the block changed (and undid)."""
         before = {
             # (a module's ``__builtins__`` is a dict too: not the program's state)
-            name: (dict(ns), {k: _contents(v) for k, v in ns.items() if type(v) in _CONTAINERS and k[:2] != "__"})
+            name: (dict(ns), _snapshot_held((k, v) for k, v in ns.items() if k[:2] != "__"),
+                   _snapshot_memos((k, v) for k, v in ns.items() if k[:2] != "__"))
             for name, ns in self.modules.items()
         }
         stateful = {
@@ -797,10 +886,10 @@ class ModuleWatch:
         classes = {cls: _class_snapshot(cls) for cls in self.classes}
         cells = {key: (name, cell, _cell_value(cell)) for key, (name, cell) in self.cells.items()}
         objects = [
-            (owner, obj, why, dict(vars(obj)), {k: _contents(v) for k, v in vars(obj).items() if type(v) in _CONTAINERS})
+            (owner, obj, why, dict(vars(obj)), _snapshot_held(vars(obj).items()))
             for owner, obj, why in self.objects.values()
         ]
-        cell_containers = {key: _contents(v) for key, (_, _, v) in cells.items() if type(v) in _CONTAINERS}
+        cell_containers = {key: _snapshot_held([(name, v)]) for key, (name, _, v) in cells.items()}
         generators = _generator_states()
         changes: list[GlobalChange] = []
         try:
@@ -812,14 +901,13 @@ class ModuleWatch:
                 if now is not value:
                     changes.append(GlobalChange("<closure>", name, "rebound (a closure variable)"))
                     cell.cell_contents = value
-                elif key in cell_containers and not _same_contents(now, cell_containers[key]):
-                    changes.append(GlobalChange("<closure>", name, "mutated in place (a closure variable)"))
-                    _refill(now, cell_containers[key])
+                else:
+                    changes.extend(_restore_held(cell_containers[key], "<closure>", "mutated in place (a closure variable)"))
             for cls, snapshot in classes.items():
                 changes.extend(_restore_class(cls, snapshot))
             for owner, obj, why, attrs, containers in objects:
                 changes.extend(_restore_object(owner, obj, why, attrs, containers))
-            for module_name, (bindings, containers) in before.items():
+            for module_name, (bindings, held, memos) in before.items():
                 ns = self.modules[module_name]
                 if len(ns) == len(bindings) and all(ns.get(k, _ABSENT) is v for k, v in bindings.items()):
                     keys: Any = ()  # nothing rebound, added or removed
@@ -834,11 +922,8 @@ class ModuleWatch:
                             ns[key] = bindings[key]
                         else:
                             del ns[key]
-                for key, contents in containers.items():
-                    value = ns.get(key)
-                    if value is not None and not _same_contents(value, contents):
-                        changes.append(GlobalChange(module_name.split("#")[0], key, "mutated in place"))
-                        _refill(value, contents)
+                changes.extend(_restore_held(held, module_name.split("#")[0], "mutated in place"))
+                changes.extend(_restore_memos(memos, module_name.split("#")[0]))
             # last: undoing a counter's advance rebinds its global (after the bindings were put back)
             for (module_name, key), (value, state) in stateful.items():
                 if _inner_state(value) != state:
@@ -926,18 +1011,17 @@ def _class_state(cls: type) -> dict[str, Any]:
 def _class_snapshot(cls: type) -> tuple[dict[str, Any], dict[str, Any]]:
     """A class's own attributes, and the contents of the containers among them."""
     attrs = _class_state(cls)
-    return attrs, {k: _contents(v) for k, v in attrs.items() if type(v) in _CONTAINERS}
+    return attrs, (_snapshot_held(attrs.items()), _snapshot_memos(attrs.items()))
 
 
 def _restore_class(cls: type, snapshot: tuple[dict[str, Any], dict[str, Any]]) -> list[GlobalChange]:
     """Put a class's attributes back as ``snapshot`` has them; what was changed."""
-    attrs, containers = snapshot
-    changes = []
-    for key, held in containers.items():
-        value = vars(cls).get(key)
-        if value is attrs[key] and not _same_contents(value, held):
-            changes.append(GlobalChange(cls.__module__, f"{cls.__qualname__}.{key}", "mutated in place (a class attribute)"))
-            _refill(value, held)
+    attrs, (held, memos) = snapshot
+    changes = [
+        dataclasses.replace(c, name=f"{cls.__qualname__}.{c.name}")
+        for c in _restore_held(held, cls.__module__, "mutated in place (a class attribute)")
+        + _restore_memos(memos, cls.__module__)
+    ]
     now = _class_state(cls)
     for key in set(now) | set(attrs):
         if now.get(key, _ABSENT) is not attrs.get(key, _ABSENT):
@@ -985,11 +1069,7 @@ def _restore_object(owner: str, obj: Any, why: str, attrs: dict, containers: dic
                 changes.append(GlobalChange(owner, key, why))
         ns.clear()
         ns.update(attrs)
-    for key, contents in containers.items():
-        value = ns.get(key)
-        if value is not None and not _same_contents(value, contents):
-            changes.append(GlobalChange(owner, key, f"mutated in place ({why})"))
-            _refill(value, contents)
+    changes.extend(_restore_held(containers, owner, f"mutated in place ({why})"))
     return changes
 
 

@@ -693,3 +693,132 @@ def test_dispatch_reaching_the_real_object_around_the_traced_one(backend, fullgr
         WEIGHTS.clear()
     assert eager == [1, 2, 3]
     assert compiled == ([("refused", True, 0)] * 3 if fullgraph else eager)
+
+
+# --------------------------------------------------------------------------- caches dispatch fills
+# A mask computed once per row count and kept where the code that makes it keeps it. While
+# traced, dispatch would leave a fake tensor there, which the next eager call (or the compiled
+# program on the eager backend, which runs dispatch for real) hands out: an outside tester
+# found it on the weight after compiled calls, and in the cache for later eager code. Each is
+# global state changed while traced: refused with the cache as before, and run eagerly under
+# ``fullgraph=False``.
+
+import collections  # noqa: E402
+import functools  # noqa: E402
+import weakref  # noqa: E402
+
+
+@functools.lru_cache(maxsize=None)
+def _lru_mask(n):
+    return torch.arange(n) % 2 == 0
+
+
+def _default_arg_mask(n, _cache={}):  # noqa: B006 - the idiom under test
+    if n not in _cache:
+        _cache[n] = torch.arange(n) % 2 == 0
+    return _cache[n]
+
+
+def _attribute_mask(n):
+    cache = _attribute_mask.cache
+    if n not in cache:
+        cache[n] = torch.arange(n) % 2 == 0
+    return cache[n]
+
+
+_attribute_mask.cache = {}
+_NESTED = collections.defaultdict(dict)
+_ORDERED = collections.OrderedDict()
+_IN_TUPLE = ({},)
+_COUNTS = collections.Counter()
+_WEAK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _keyed_mask(table, n):
+    if n not in table:
+        table[n] = torch.arange(n) % 2 == 0
+    return table[n]
+
+
+class _ClassMemo:
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def mask(n):
+        return torch.arange(n) % 2 == 0
+
+
+MASK_CACHES = {
+    "lru_cache": (lambda w, n: _lru_mask(n), lambda: _lru_mask.cache_info().currsize, _lru_mask.cache_clear),
+    "default_argument": (lambda w, n: _default_arg_mask(n), lambda: _default_arg_mask.__defaults__[0],
+                         lambda: _default_arg_mask.__defaults__[0].clear()),
+    "function_attribute": (lambda w, n: _attribute_mask(n), lambda: _attribute_mask.cache, lambda: _attribute_mask.cache.clear()),
+    "defaultdict": (lambda w, n: _keyed_mask(_NESTED["mask"], n), lambda: _NESTED, _NESTED.clear),
+    "ordered_dict": (lambda w, n: _keyed_mask(_ORDERED, n), lambda: _ORDERED, _ORDERED.clear),
+    "dict_in_a_tuple": (lambda w, n: _keyed_mask(_IN_TUPLE[0], n), lambda: _IN_TUPLE[0], _IN_TUPLE[0].clear),
+    "counter": (lambda w, n: (_COUNTS.update([n]), torch.arange(n) % 2 == 0)[1], lambda: _COUNTS, _COUNTS.clear),
+    "weak_key_dict": (lambda w, n: _keyed_mask(_WEAK.setdefault(type(w), {}), n),
+                      lambda: {k.__name__: v for k, v in _WEAK.items()}, _WEAK.clear),
+    "class_lru_cache": (lambda w, n: _ClassMemo.mask(n), lambda: _ClassMemo.mask.cache_info().currsize,
+                        _ClassMemo.mask.cache_clear),
+}
+
+
+class KeepsARowMask(WrapperTensor):
+    """A vocab-parallel-style weight: each matmul takes its row mask from a cache (``where``)."""
+
+    where = "lru_cache"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        plain = [a.elem if isinstance(a, cls) else a for a in args]
+        out = func(*plain, **kwargs)
+        if func is torch.ops.aten.mm.default and isinstance(args[1], cls):
+            w = args[1]
+            w.mask = MASK_CACHES[cls.where][0](w, plain[0].shape[0])
+            w.uses = getattr(w, "uses", 0) + 1
+        return out
+
+
+def _cache_picture(where):
+    held = MASK_CACHES[where][1]()
+    if isinstance(held, int):
+        return held
+    return {k: (type(v).__name__, v.tolist()) if isinstance(v, torch.Tensor) else (
+        {kk: (type(vv).__name__, vv.tolist()) for kk, vv in v.items()} if isinstance(v, dict) else v)
+        for k, v in held.items()}
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("where", sorted(MASK_CACHES))
+def test_a_cache_dispatch_fills_while_traced(where, backend, fullgraph):
+    cls = type(f"KeepsARowMask_{where}", (KeepsARowMask,), {"where": where})
+
+    def run(fn):
+        MASK_CACHES[where][2]()
+        torch.manual_seed(0)
+        w = cls(torch.randn(4, 4))
+        seen = []
+        for rows in (3, 3, 5):
+            before = (_cache_picture(where), dict(vars(w)))
+            try:
+                out = fn(torch.randn(rows, 4), w)
+            except torch._dynamo.exc.Unsupported as e:
+                assert "global_state_write" in str(e), e
+                assert (_cache_picture(where), dict(vars(w))) == before  # nothing touched
+                seen.append("refused")
+                continue
+            assert not leaked_fakes(w) and type(w.mask) is torch.Tensor, vars(w)
+            seen.append((out.tolist(), w.mask.tolist(), w.uses, _cache_picture(where)))
+        return seen
+
+    def f(x, w):
+        return x @ w
+
+    torch._dynamo.reset()
+    eager = run(f)
+    compiled = run(torch.compile(f, backend=backend, fullgraph=fullgraph))
+    assert compiled == (["refused"] * 3 if fullgraph else eager)
+    after = MASK_CACHES[where][1]()
+    assert isinstance(after, int) or not leaked_fakes(after)
