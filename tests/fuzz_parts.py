@@ -560,7 +560,7 @@ class Program:
     #: with ``inputs=[the first input]`` (See Note [A backward run for part of the graph])
     part: str = "all"
 
-    def _steps(self, vals: list, lo: int, hi: int, brk: bool, at_break: Callable[[], None] | None = None) -> list:
+    def _steps(self, vals: list, lo: int, hi: int, brk: bool, at_break: Callable[[list], None] | None = None) -> list:
         for k in range(lo, hi):
             op, i, j = self.steps[k]
             a, b = vals[i % len(vals)], vals[j % len(vals)]
@@ -577,10 +577,10 @@ class Program:
             if brk and self.break_after == k:
                 torch._dynamo.graph_break()
                 if at_break is not None:
-                    at_break()
+                    at_break(vals)
         return vals
 
-    def __call__(self, *xs, at_break: Callable[[], None] | None = None):
+    def __call__(self, *xs, at_break: Callable[[list], None] | None = None):
         """The program, its graph break (if any) inside the op loop of this nested frame;
         ``at_break`` (eager runs only) is called where the graph breaks."""
         return self.tail(self._steps(list(xs), 0, len(self.steps), True, at_break), len(xs))
@@ -917,7 +917,10 @@ def backward_change_justified(exc: BaseException, at_break: dict | None, after: 
     )
 
 
-def coerced_gradient_justified(exc: BaseException, outs_and_grads: Sequence[tuple], others: Sequence[Any], read: set) -> bool:
+def coerced_gradient_justified(
+    exc: BaseException, outs_and_grads: Sequence[tuple], others: Sequence[Any], read: set,
+    at_break: dict | None = None, after: dict | None = None,
+) -> bool:
     """A ``changed_before_backward`` refusal of an incoming gradient the compiled backward
     would coerce (See Note [A gradient coerced to the traced metadata]) is allowed where it is
     true: in eager, the gradient flowing into some output held, when it got there, another
@@ -926,7 +929,12 @@ def coerced_gradient_justified(exc: BaseException, outs_and_grads: Sequence[tupl
     backward read that attribute on a gradient (an object that is neither an input nor an
     output). ``outs_and_grads``: (output's state, its gradient's state), each a list of
     (class name, attributes) as ``_state_tree`` took them when the gradient arrived;
-    ``others``: the inputs and outputs; ``read``: (id, name) reads of eager's backward."""
+    ``others``: the inputs and outputs; ``read``: (id, name) reads of eager's backward. Or the
+    traced tangent's value is stale: an output of the graph before a break (or a subclass it
+    holds) held another value of the attribute when the forward returned than at the break (a
+    later graph's op counted on it), so the gradient eager makes from it differs from what the
+    earlier graph traced (``at_break`` / ``after``: id -> picture, as for
+    ``backward_change_justified``)."""
     e = _subclass_write_error(exc)
     if e is None or e.kind is not RefusalKind.CHANGED_BEFORE_BACKWARD or "__coerce_same_metadata_as_tangent__" not in str(e):
         return False
@@ -935,7 +943,10 @@ def coerced_gradient_justified(exc: BaseException, outs_and_grads: Sequence[tupl
     def differs(a: Any, b: Any) -> bool:
         return type(a) is not type(b) or a != b
 
-    if not any(
+    moved = at_break is not None and after is not None and any(
+        oid in after and _value_key(pic.get(e.attr)) != _value_key(after[oid].get(e.attr)) for oid, pic in at_break.items()
+    )
+    if not moved and not any(
         len(out) != len(g)
         or any(oc != gc or differs(od.get(e.attr, absent), gd.get(e.attr, absent)) for (oc, od), (gc, gd) in zip(out, g))
         for out, g in outs_and_grads
@@ -1144,7 +1155,7 @@ def _program_fn(program: Program) -> Callable[..., Any]:
             vals = program.head(xs)
             torch._dynamo.graph_break()
             if at_break is not None:
-                at_break()
+                at_break(vals)
             return program.tail(vals, len(xs), program.break_after + 1)
         return program(*xs, at_break=at_break)
 
@@ -1203,15 +1214,16 @@ def _run_case(spec: Spec, program: Program, backend: str) -> None:
         before = [picture(c) for c in c_in]
         e_at_break: dict | None = None
 
-        def at_break():
+        def at_break(vals):
             nonlocal e_at_break
-            e_at_break = {id(o): picture(o) for o in _reachable(e_in)}
+            # the inputs and what the earlier graph computed (its outputs)
+            e_at_break = {id(o): picture(o) for o in _reachable(list(e_in) + list(vals))}
 
         try:
             e_out = fn(*e_in, at_break=at_break)
         except Exception as exc:  # the generator must only draw programs valid in eager
             raise AssertionError(f"{where}: the program raised in eager (a generator bug): {exc!r}") from exc
-        e_after = {id(o): picture(o) for o in _reachable(e_in)}
+        e_after = {id(o): picture(o) for o in _reachable(list(e_in) + list(tree_leaves(e_out)))}
         try:
             c_out = compiled(*c_in)
         except Exception as exc:
@@ -1245,7 +1257,7 @@ def _run_case(spec: Spec, program: Program, backend: str) -> None:
             try:
                 _backward(c_out, program.part, c_in)
             except Exception as exc:
-                if coerced_gradient_justified(exc, e_grads, list(e_in) + list(tree_leaves(e_out)), e_read):
+                if coerced_gradient_justified(exc, e_grads, list(e_in) + list(tree_leaves(e_out)), e_read, e_at_break, e_after):
                     why = "a gradient's ctx coerced"
                 elif backward_change_justified(exc, e_at_break, e_after, e_read):
                     why = "a later graph moved state on"

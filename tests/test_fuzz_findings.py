@@ -697,6 +697,19 @@ FOUND = [
         " part='first')",
         "aot_eager",
     ),
+    # The oracle's: a graph break after ``x + x``, then ``v + x`` counts on the first output's
+    # inner ctx (``ops``); the backward of that output alone gets a gradient eager makes from
+    # the moved-on count, which the earlier graph traced with the old one. The refusal at
+    # backward() (``changed_before_backward``, coerced gradient) is right; the fuzzer judged it
+    # against the output's state when the gradient arrived only (found on ``6145333``, present
+    # on ``8c64a12``).
+    (
+        "Spec(writes=(Write(op='add', kind='constant', attr='a', in_ctx=False, grows_flatten=False),),"
+        " inner=Inner(ctx_op='add', dict_op=None, dict_kind='counter'))",
+        "Program(n_inputs=1, steps=(('add', 0, 0), ('add', 1, 0)), break_after=0, requires_grad=True, calls=2,"
+        " break_top=True, part='first')",
+        "aot_eager",
+    ),
 ]
 
 
