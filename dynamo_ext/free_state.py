@@ -18,6 +18,8 @@ scale factor the user changes between calls would stay baked into the compiled g
 from __future__ import annotations
 
 import ast
+import collections
+import collections.abc
 import contextlib
 import dataclasses
 import dis
@@ -742,6 +744,17 @@ def _held_containers(label: str, value: Any) -> list[tuple[str, Any]]:
         if isinstance(value, (weakref.WeakKeyDictionary, weakref.WeakValueDictionary)):
             out.append((label, value.data))  # its values are not followed
             return
+        if _mapping_table(value) is not None:
+            # a mapping keeping its items in a dict (``UserDict``, torch's ``WeakIdKeyDictionary``)
+            walk(f"{label}.data", _mapping_table(value), depth)
+            return
+        if isinstance(value, collections.ChainMap):
+            walk(f"{label}.maps", value.maps, depth)
+            return
+        if isinstance(value, functools.partial):
+            walk(f"{label}.args", value.args, depth + 1)
+            walk(f"{label}.keywords", value.keywords, depth + 1)
+            return
         if isinstance(value, _CONTAINERS):
             out.append((label, value))
         if isinstance(value, dict):
@@ -762,6 +775,17 @@ def _held_containers(label: str, value: Any) -> list[tuple[str, Any]]:
 
 
 _MAX_HELD = 256  # containers followed from one global
+
+
+def _mapping_table(value: Any) -> dict | None:
+    """The dict a mapping that is not a dict keeps its items in (``self.data``), or None."""
+    if isinstance(value, dict) or not isinstance(value, collections.abc.MutableMapping):
+        return None
+    try:
+        table = inspect.getattr_static(value, "data", None)
+    except Exception:
+        return None
+    return table if type(table) is dict else None
 
 
 def _memo(value: Any) -> Any:
@@ -891,11 +915,13 @@ class ModuleWatch:
         ]
         cell_containers = {key: _snapshot_held([(name, v)]) for key, (name, _, v) in cells.items()}
         generators = _generator_states()
+        environ = dict(os.environ)
         changes: list[GlobalChange] = []
         try:
             yield changes
         finally:
             changes.extend(_restore_generators(generators))
+            changes.extend(_restore_environ(environ))
             for key, (name, cell, value) in cells.items():
                 now = _cell_value(cell)
                 if now is not value:
@@ -972,6 +998,19 @@ def _set_inner_state(ns: dict, key: str, value: Any, state: Any) -> None:
     else:
         value.clear()
         value.extend(state)
+
+
+def _restore_environ(before: dict[str, str]) -> list[GlobalChange]:
+    """``os.environ`` set or unset while traced: put back, and reported."""
+    now = dict(os.environ)
+    if now == before:
+        return []
+    for key in now.keys() - before.keys():
+        del os.environ[key]
+    for key, value in before.items():
+        if now.get(key) != value:
+            os.environ[key] = value
+    return [GlobalChange("os", "environ", "set while traced")]
 
 
 def _generator_states() -> list[tuple[str, Any, Any]]:

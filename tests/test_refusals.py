@@ -705,6 +705,7 @@ def test_dispatch_reaching_the_real_object_around_the_traced_one(backend, fullgr
 
 import collections  # noqa: E402
 import functools  # noqa: E402
+import os  # noqa: E402
 import weakref  # noqa: E402
 
 
@@ -732,12 +733,23 @@ _ORDERED = collections.OrderedDict()
 _IN_TUPLE = ({},)
 _COUNTS = collections.Counter()
 _WEAK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_WEAK_ID = torch.utils.weak.WeakIdKeyDictionary()
 
 
 def _keyed_mask(table, n):
     if n not in table:
         table[n] = torch.arange(n) % 2 == 0
     return table[n]
+
+
+_USER_DICT = collections.UserDict()
+_CHAIN = collections.ChainMap({}, {})
+_PARTIAL = functools.partial(_keyed_mask, {})
+
+
+def _environ_mask(n):
+    os.environ["DYNAMO_EXT_TEST_ROWS"] = str(n)
+    return torch.arange(n) % 2 == 0
 
 
 class _ClassMemo:
@@ -758,6 +770,13 @@ MASK_CACHES = {
     "counter": (lambda w, n: (_COUNTS.update([n]), torch.arange(n) % 2 == 0)[1], lambda: _COUNTS, _COUNTS.clear),
     "weak_key_dict": (lambda w, n: _keyed_mask(_WEAK.setdefault(type(w), {}), n),
                       lambda: {k.__name__: v for k, v in _WEAK.items()}, _WEAK.clear),
+    "user_dict": (lambda w, n: _keyed_mask(_USER_DICT, n), lambda: dict(_USER_DICT), _USER_DICT.clear),
+    "chain_map": (lambda w, n: _keyed_mask(_CHAIN, n), lambda: dict(_CHAIN), lambda: [m.clear() for m in _CHAIN.maps]),
+    "partial_arguments": (lambda w, n: _PARTIAL(n), lambda: _PARTIAL.args[0], lambda: _PARTIAL.args[0].clear()),
+    "weak_id_key_dict": (lambda w, n: _keyed_mask(_WEAK_ID.setdefault(w, {}), n),
+                         lambda: dict(enumerate(_WEAK_ID.values())), _WEAK_ID.clear),
+    "environ": (lambda w, n: _environ_mask(n), lambda: os.environ.get("DYNAMO_EXT_TEST_ROWS"),
+                lambda: os.environ.pop("DYNAMO_EXT_TEST_ROWS", None)),
     "class_lru_cache": (lambda w, n: _ClassMemo.mask(n), lambda: _ClassMemo.mask.cache_info().currsize,
                         _ClassMemo.mask.cache_clear),
 }
@@ -782,7 +801,7 @@ class KeepsARowMask(WrapperTensor):
 
 def _cache_picture(where):
     held = MASK_CACHES[where][1]()
-    if isinstance(held, int):
+    if held is None or isinstance(held, (int, str)):
         return held
     return {k: (type(v).__name__, v.tolist()) if isinstance(v, torch.Tensor) else (
         {kk: (type(vv).__name__, vv.tolist()) for kk, vv in v.items()} if isinstance(v, dict) else v)
@@ -821,4 +840,5 @@ def test_a_cache_dispatch_fills_while_traced(where, backend, fullgraph):
     compiled = run(torch.compile(f, backend=backend, fullgraph=fullgraph))
     assert compiled == (["refused"] * 3 if fullgraph else eager)
     after = MASK_CACHES[where][1]()
-    assert isinstance(after, int) or not leaked_fakes(after)
+    assert after is None or isinstance(after, (int, str)) or not leaked_fakes(after)
+    MASK_CACHES[where][2]()
