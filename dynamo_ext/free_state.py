@@ -744,9 +744,10 @@ def _held_containers(label: str, value: Any) -> list[tuple[str, Any]]:
         if isinstance(value, (weakref.WeakKeyDictionary, weakref.WeakValueDictionary)):
             out.append((label, value.data))  # its values are not followed
             return
-        if _mapping_table(value) is not None:
+        table = _mapping_table(value)
+        if table is not None:
             # a mapping keeping its items in a dict (``UserDict``, torch's ``WeakIdKeyDictionary``)
-            walk(f"{label}.data", _mapping_table(value), depth)
+            walk(f"{label}.data", table, depth)
             return
         if isinstance(value, collections.ChainMap):
             walk(f"{label}.maps", value.maps, depth)
@@ -767,8 +768,8 @@ def _held_containers(label: str, value: Any) -> list[tuple[str, Any]]:
             walk(f"{label}.__defaults__", value.__defaults__ or (), depth + 1)
             walk(f"{label}.__kwdefaults__", value.__kwdefaults__ or {}, depth + 1)
             walk(f"{label}.__dict__", vars(value), depth)
-        elif depth == 0 and _memo(value) is not None:
-            walk(label, _memo(value).__wrapped__, depth)
+        elif depth == 0 and (memo := _memo(value)) is not None:
+            walk(label, memo.__wrapped__, depth)
 
     walk(label, value, 0)
     return out
@@ -1047,13 +1048,16 @@ def _class_state(cls: type) -> dict[str, Any]:
     return {k: v for k, v in vars(cls).items() if not k.startswith("__") and not k.startswith("_dynamo")}
 
 
-def _class_snapshot(cls: type) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A class's own attributes, and the contents of the containers among them."""
+_ClassSnapshot = tuple[dict[str, Any], tuple[list[tuple[str, Any, Any]], list[tuple[str, Any, int]]]]
+
+
+def _class_snapshot(cls: type) -> _ClassSnapshot:
+    """A class's own attributes, and the contents of the containers and caches they hold."""
     attrs = _class_state(cls)
     return attrs, (_snapshot_held(attrs.items()), _snapshot_memos(attrs.items()))
 
 
-def _restore_class(cls: type, snapshot: tuple[dict[str, Any], dict[str, Any]]) -> list[GlobalChange]:
+def _restore_class(cls: type, snapshot: _ClassSnapshot) -> list[GlobalChange]:
     """Put a class's attributes back as ``snapshot`` has them; what was changed."""
     attrs, (held, memos) = snapshot
     changes = [
@@ -1085,7 +1089,7 @@ class CompileWatch:
     no compile. (Dispatch changing it while traced is refused, ``ModuleWatch``.)"""
 
     def __init__(self) -> None:
-        self.snapshots: dict[type, tuple[dict[str, Any], dict[str, Any]]] = {}
+        self.snapshots: dict[type, _ClassSnapshot] = {}
 
     def add(self, cls: type) -> None:
         for klass in cls.__mro__:
