@@ -969,7 +969,7 @@ class Planner:
     def answer(self, scope: Scope, t: Tracked, name: Any) -> Any:
         """Answer a pass's read from the real input (Dynamo seeded its graph values already)."""
         if t.shared or not isinstance(t.data, _Where):
-            if isinstance(name, str):
+            if isinstance(name, str) and name is not capture.KEYS:
                 t.settled.add(name)
                 return getattr(t.obj, name)
             return None

@@ -756,7 +756,7 @@ class Scope:
                 t.dict_complete = True
                 t.on_read(t, KEYS)
             if (
-                t.real is not None and not t.shared and not t.dict_complete and self.answer is not None
+                t.real is not None and not t.dict_complete and self.answer is not None
                 and not _called_from_torch(3)
             ):
                 self._answer_all(t)
@@ -1112,6 +1112,7 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
                 handed = scope.operands_handed(operands)
             stack.append(klass)
             if scope is not None:
+                free_state.note_op(func)
                 split = _split_by(sys._getframe(1))
                 if split is not None:
                     scope.decomposed.append((klass, split))

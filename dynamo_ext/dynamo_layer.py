@@ -27,11 +27,13 @@ bytecode (nothing of ours runs per call).  Upstream request: pytorch #130028.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import contextvars
 import copy
 import dataclasses
 import functools
+import io
 import logging
 import math
 import operator
@@ -100,6 +102,7 @@ class FrameState:
         self.symbols: set[Any] = set()
         self.symbolic_ctx: dict[int, dict[str, Any]] = {}
         self.watch = free_state.ModuleWatch()  # module globals dispatch must leave alone
+        self.watch.stored_names = self.collector.stored  # the names dispatch code sets, as found
         self._inference_guarded = False  # See Note [Inference mode while traced]
         self.tensor_reads: dict[str, None] = {}  # real tensors dispatch code reaches outside the tensors
         self.stored: set[tuple[int, str]] = set()  # (object, attribute) written by residual bytecode
@@ -365,7 +368,7 @@ class FrameState:
             # call (Dynamo applies the user's write after the graph)
             self._refuse_pending(t, real, ref, asked, "")
         if name is capture.KEYS:
-            if ref is not None and ref.source is not None and not t.shared:
+            if ref is not None and ref.source is not None:
                 guards.keys(ref.source)
             return None
         if isinstance(name, capture.Unshadowed):
@@ -737,7 +740,15 @@ class FrameState:
             return retry
         if isinstance(value, PLAIN_MUTABLE):
             guards.guard(source, "ID_MATCH")  # too many items to guard one by one (``sys.modules``)
-            return False
+            if type(value) is not dict:
+                return False
+            from torch._dynamo.source import DictGetItemSource
+
+            # the items the code names (``sys.modules["helpers"].CACHE``)
+            retry = False
+            for key in sorted(k for k in self.collector.names if k in value):
+                retry |= self._guard_reached(DictGetItemSource(source, key), value[key], owner, f"{name}[{key!r}]", depth + 1)
+            return retry
         if isinstance(value, type) or (isinstance(value, (tuple, frozenset)) and value and all(isinstance(v, type) for v in value)):
             guards.guard(source, "ID_MATCH")  # a class, or a tuple or frozenset of them (isinstance checks)
             retry = False
@@ -761,11 +772,20 @@ class FrameState:
                     if attr[:2] != "__":
                         guards.absent(source, attr)
             return self._guard_attributes(source, held, names, f"{owner}.{name}", depth, uses)
+        if isinstance(value, collections.abc.Iterator) and not isinstance(value, io.IOBase) and not (
+            depth == 0 and type(value) in free_state.STATEFUL
+        ):
+            # a generator or iterator dispatch may advance (``next(GEN)``): where it stands
+            # cannot be guarded, copied or put back once a trace advanced it (refused before
+            # the op runs: an outside tester found it advanced by each trace)
+            self._refuse_changed(owner, name, "", opaque=type(value).__qualname__)
         if capture.is_registered(value) or (
             hasattr(value, "__dict__") and free_state.is_user_class(type(value))
         ):
             # A user object: its attribute reads are answered and guarded like a
-            # registered ctx-state object's, which needs the op run again.
+            # registered ctx-state object's, which needs the op run again. Its class's
+            # attributes are state too (an ``lru_cache`` on a method).
+            retry_class = self.watch.add_class(type(value)) if free_state.is_user_class(type(value)) else False
             guards.guard(source, "ID_MATCH")
             if self.scope.lookup(value) is None:
                 try:
@@ -775,7 +795,7 @@ class FrameState:
                 self.scope.track(value, value, Ref(None, source, None))
                 self.record.shared_objects.append(value)
                 return True
-            return False
+            return retry_class
         slots = free_state.slot_values(value)
         if slots is not None:  # a ``__slots__`` config object: every slot (a property may serve one)
             guards.guard(source, "ID_MATCH")
@@ -783,12 +803,16 @@ class FrameState:
         snapshot = free_state.state_snapshot(value)
         if snapshot is free_state.UNREADABLE:
             self._refuse_changed(owner, name, "", opaque=type(value).__qualname__)
+        if value is not os.environ:
+            self.watch.add_value(f"{owner}.{name}", value)  # a StringIO log, a numpy array: compared
         if snapshot is not None:  # os.environ, a ContextVar, a numpy array, an array.array
             guards.guard(source, "ID_MATCH")
             guards.lambda_(source, lambda obj: free_state.state_snapshot(obj) == snapshot, f" holds {snapshot!r:.200}")
             self.record.free_reads.append((owner, name, snapshot))
             return False
-        # Other objects (loggers, locks, torch's own): not state the program depends on.
+        # Other objects (loggers, locks, torch's own): not state the program depends on;
+        # an attribute dispatch code sets on one by name is compared (``add_foreign``)
+        self.watch.add_foreign(f"{owner}.{name}", value)
         return False
 
     def _refuse_changed(self, owner: str, name: str, what: str, opaque: str = "") -> NoReturn:

@@ -1,0 +1,248 @@
+"""State dispatch reaches through its globals that is not a plain container: an object's
+instance dict taken whole, a module found in ``sys.modules``, attributes set on torch's own
+objects, a method's default argument or cache, library objects changed in place (a numpy
+array, an ``array.array``, a ``deque`` in a list, a ``StringIO`` log, a ``ContextVar``), a
+generator. An outside tester found each left as the traces made it (counted once per trace,
+a guard failing on the frame it was made by, or a count stuck at 1 with no error). Each
+compiles to eager's state, or is refused with everything as it was, and runs eagerly under
+``fullgraph=False``."""
+
+from __future__ import annotations
+
+import array
+import builtins
+import collections
+import contextvars
+import functools
+import io
+import sys
+import types
+
+import pytest
+import torch
+
+from dynamo_ext.testing import WrapperTensor
+from harness import leaked_fakes
+
+np = pytest.importorskip("numpy")
+
+
+class _Holder:
+    pass
+
+
+_HOLD = _Holder()
+_STORE_MODULE = "dynamo_ext_test_store"
+_store = types.ModuleType(_STORE_MODULE)
+_store.__file__ = __file__  # user code, not a library's
+_store.STORE = {}
+sys.modules[_STORE_MODULE] = _store
+_TORCH_NAME = "_dynamo_ext_test_count"
+_BUILTINS_NAME = "_dynamo_ext_test_cache"
+
+
+class _Helper:
+    @staticmethod
+    def hook(key, _seen={}):  # noqa: B006 - the idiom under test
+        _seen[key] = _seen.get(key, 0) + 1
+
+
+class _Quant:
+    @functools.lru_cache(maxsize=4)  # noqa: B019 - the idiom under test
+    def scale(self, n):
+        return 1.0 / n
+
+
+_QUANT = _Quant()
+_LOG = io.StringIO()
+_NPA = np.zeros(4)
+_ARR = array.array("i")
+_IN_LIST = [collections.deque()]
+_CV = contextvars.ContextVar("dynamo_ext_test_cv", default=0)
+_GEN = [None]
+
+
+def _ticks():
+    n = 0
+    while True:
+        yield n
+        n += 1
+
+
+def _vars_of_a_global_object(w, func, n):
+    vars(_HOLD)["n"] = vars(_HOLD).get("n", 0) + 1
+
+
+def _dict_update_on_a_global_object(w, func, n):
+    _HOLD.__dict__.update(op="mm", calls=_HOLD.__dict__.get("calls", 0) + 1)
+
+
+def _object_setattr_on_a_global_object(w, func, n):
+    object.__setattr__(_HOLD, "n", getattr(_HOLD, "n", 0) + 1)
+
+
+def _module_from_sys_modules(w, func, n):
+    st = sys.modules["dynamo_ext_test_store"].STORE
+    st["n"] = st.get("n", 0) + 1
+
+
+def _attribute_on_torch(w, func, n):
+    torch._dynamo_ext_test_count = getattr(torch, "_dynamo_ext_test_count", 0) + 1
+
+
+def _attribute_on_builtins(w, func, n):
+    cache = getattr(builtins, "_dynamo_ext_test_cache", None)
+    if cache is None:
+        cache = builtins._dynamo_ext_test_cache = {}
+    cache[n] = cache.get(n, 0) + 1
+
+
+def _attribute_on_the_op(w, func, n):
+    func._dynamo_ext_test_count = getattr(func, "_dynamo_ext_test_count", 0) + 1
+
+
+def _static_method_default(w, func, n):
+    _Helper.hook(n)
+
+
+def _method_lru_cache(w, func, n):
+    w.scale = _QUANT.scale(n)
+
+
+def _string_io_log(w, func, n):
+    _LOG.write(f"mm{n};")
+
+
+def _numpy_array(w, func, n):
+    _NPA[n % 4] += 1
+
+
+def _array_array(w, func, n):
+    _ARR.append(n)
+
+
+def _deque_in_a_list(w, func, n):
+    _IN_LIST[0].append(n)
+
+
+def _context_var(w, func, n):
+    _CV.set(_CV.get() + 1)
+
+
+def _generator(w, func, n):
+    w.tick = next(_GEN[0])
+
+
+def _clear_builtins():
+    vars(builtins).pop(_BUILTINS_NAME, None)
+
+
+def _reset_generator():
+    _GEN[0] = _ticks()
+
+
+# name: (dispatch's code, the state it changes, a reset, compiled matches eager without a refusal)
+CASES = {
+    "vars_of_a_global_object": (_vars_of_a_global_object, lambda: dict(vars(_HOLD)), lambda: vars(_HOLD).clear(), True),
+    "dict_update_on_a_global_object": (_dict_update_on_a_global_object, lambda: dict(vars(_HOLD)),
+                                       lambda: vars(_HOLD).clear(), True),
+    "object_setattr_on_a_global_object": (_object_setattr_on_a_global_object, lambda: dict(vars(_HOLD)),
+                                          lambda: vars(_HOLD).clear(), True),
+    "module_from_sys_modules": (_module_from_sys_modules, lambda: dict(_store.STORE), _store.STORE.clear, False),
+    "attribute_on_torch": (_attribute_on_torch, lambda: getattr(torch, _TORCH_NAME, None),
+                           lambda: vars(torch).pop(_TORCH_NAME, None), False),
+    "attribute_on_builtins": (_attribute_on_builtins, lambda: dict(getattr(builtins, _BUILTINS_NAME, {})),
+                              _clear_builtins, False),
+    "attribute_on_the_op": (_attribute_on_the_op, lambda: getattr(torch.ops.aten.mm.default, _TORCH_NAME, None),
+                            lambda: vars(torch.ops.aten.mm.default).pop(_TORCH_NAME, None), False),
+    "static_method_default": (_static_method_default, lambda: dict(_Helper.hook.__defaults__[0]),
+                              lambda: _Helper.hook.__defaults__[0].clear(), False),
+    "method_lru_cache": (_method_lru_cache, lambda: _Quant.scale.cache_info().currsize, _Quant.scale.cache_clear, False),
+    "string_io_log": (_string_io_log, _LOG.getvalue, lambda: (_LOG.seek(0), _LOG.truncate()), False),
+    "numpy_array": (_numpy_array, lambda: _NPA.tolist(), lambda: _NPA.fill(0), False),
+    "array_array": (_array_array, lambda: _ARR.tolist(), lambda: _ARR.__delitem__(slice(None)), False),
+    "deque_in_a_list": (_deque_in_a_list, lambda: list(_IN_LIST[0]), lambda: _IN_LIST[0].clear(), False),
+    "context_var": (_context_var, _CV.get, lambda: _CV.set(0), False),
+    "generator": (_generator, lambda: next(_GEN[0]), _reset_generator, False),
+}
+
+
+class ReachesGlobalState(WrapperTensor):
+    """A weight whose matmul runs one of ``CASES`` with the batch's row count."""
+
+    case = "vars_of_a_global_object"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        plain = [a.elem if isinstance(a, cls) else a for a in args]
+        if func is torch.ops.aten.mm.default and isinstance(args[1], cls):
+            CASES[cls.case][0](args[1], func, plain[0].shape[0])
+        return func(*plain, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _no_generator_held():
+    """Dispatch code that can reach a generator is refused before its op runs, whichever case
+    runs (``CASES`` is one registry its code reaches): the generator is held for its case only."""
+    yield
+    _GEN[0] = None
+
+
+def _picture(case):
+    # the generator's picture draws from it: taken once, at the end
+    return None if case == "generator" else CASES[case][1]()
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_state_dispatch_reaches_through_its_globals(case, backend, fullgraph):
+    cls = type(f"ReachesGlobalState_{case}", (ReachesGlobalState,), {"case": case})
+    compiles = CASES[case][3]
+
+    def run(fn):
+        CASES[case][2]()
+        torch.manual_seed(0)
+        w = cls(torch.randn(4, 4))
+        seen = []
+        for rows in (3, 3, 5, 2):
+            before = (_picture(case), dict(vars(w)))
+            try:
+                out = fn(torch.randn(rows, 4), w)
+            except torch._dynamo.exc.Unsupported as e:
+                assert "global_state_write" in str(e) or "unsupported_state_read" in str(e), e
+                assert (_picture(case), dict(vars(w))) == before  # nothing touched
+                seen.append("refused")
+                continue
+            assert not leaked_fakes(w) and not leaked_fakes(_picture(case)), vars(w)
+            seen.append((out.tolist(), {k: v for k, v in vars(w).items() if k != "elem"}, _picture(case)))
+        seen.append(CASES[case][1]())
+        return seen
+
+    def f(x, w):
+        return x @ w + 1
+
+    torch._dynamo.reset()
+    eager = run(f)
+    compiled = run(torch.compile(f, backend=backend, fullgraph=fullgraph))
+    if fullgraph and not compiles:
+        assert compiled[:-1] == ["refused"] * 4
+        assert compiled[-1] == (0 if case == "generator" else CASES[case][1]())
+    else:
+        assert compiled == eager
+    CASES[case][2]()
+
+
+def test_a_method_cache_hit_while_traced_is_statistics_only():
+    """A hit of an ``lru_cache`` while traced changes its statistics, not what it holds: not
+    refused (``cache_info().hits`` counts the traces too)."""
+    cls = type("ReachesGlobalState_hit", (ReachesGlobalState,), {"case": "method_lru_cache"})
+    _Quant.scale.cache_clear()
+    _QUANT.scale(3)  # filled eagerly first
+    w = cls(torch.randn(4, 4))
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x, w: x @ w, backend="aot_eager", fullgraph=True)
+    fn(torch.randn(3, 4), w)
+    assert w.scale == 1.0 / 3 and _Quant.scale.cache_info().currsize == 1
+    _Quant.scale.cache_clear()
