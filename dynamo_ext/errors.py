@@ -224,7 +224,7 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         ),
         Refusal(
             RefusalKind.GLOBAL_STATE_WRITE,
-            "Dispatch rebound a module global, mutated a module-level container (a global log list) or set a class attribute (a class-level counter).",
+            "Dispatch changed state outside the tensors: a module global or container (a global log list), a class attribute (a class-level counter), a cache or a library object changed in place.",
             "The compiled program replays attribute writes on the objects the op reaches; a "
             "change to a module's globals made while tracing would happen once, at compile "
             "time, instead of on every call.",

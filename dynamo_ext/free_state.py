@@ -33,6 +33,7 @@ import sys
 import sysconfig
 import threading
 import types
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -762,7 +763,6 @@ def _held_containers(label: str, value: Any) -> list[tuple[str, Any]]:
     {}``): where dispatch may keep what it computed while traced (an outside tester found a
     fake tensor left in each, and on the weight at the next call). Subclasses of the plain
     containers count (``defaultdict``, ``OrderedDict``, ``Counter``)."""
-    import weakref
 
     out: list[tuple[str, Any]] = []
     seen: set[int] = set()
@@ -886,8 +886,8 @@ class _Namespace:
     __slots__ = ("bindings", "held", "memos", "stateful")
 
     def __init__(self, bindings: dict[str, Any]) -> None:
-        self.bindings = bindings
-        pairs = [(k, v) for k, v in bindings.items() if k[:2] != "__"]
+        self.bindings = bindings  # the names without dunders (Dynamo adds its own to a module's)
+        pairs = list(bindings.items())
         self.held = _snapshot_held(pairs)
         self.memos = _snapshot_memos(pairs)
         self.stateful = [(k, v) for k, v in pairs if type(v) in STATEFUL]
@@ -903,11 +903,41 @@ class _Namespace:
         )
 
 
-def _namespace(cache: dict[Any, _Namespace], key: Any, bindings: dict[str, Any]) -> _Namespace:
+def _own(ns: dict[str, Any]) -> dict[str, Any]:
+    """A namespace's bindings without dunder names (``__builtins__``, what Dynamo installs in
+    a module it compiles a frame of: ``__compiled_fn_1``, ``__import_torch``)."""
+    return {k: v for k, v in ns.items() if k[:2] != "__"}
+
+
+def _namespace(cache: Any, key: Any, bindings: dict[str, Any]) -> _Namespace:
     known = cache.get(key)
     if known is None or not known.holds(bindings):
         known = cache[key] = _Namespace(bindings)
     return known
+
+
+# Walks of module namespaces (by their dict's identity, held) and of classes, kept across
+# watches: every compile and every AOTAutograd pass watches the same modules and classes
+_MODULES_WALKED: dict[int, tuple[dict, _Namespace]] = {}
+_CLASSES_WALKED: Any = weakref.WeakKeyDictionary()
+
+
+class _ByIdentity:
+    """A cache of ``_MODULES_WALKED``'s shape for ``_namespace``: keyed by a namespace dict's
+    identity, holding the dict so the identity stays its own."""
+
+    def __init__(self, table: dict[int, tuple[dict, _Namespace]]) -> None:
+        self.table = table
+
+    def get(self, ns: dict) -> _Namespace | None:
+        entry = self.table.get(id(ns))
+        return entry[1] if entry is not None and entry[0] is ns else None
+
+    def __setitem__(self, ns: dict, known: _Namespace) -> None:
+        self.table[id(ns)] = (ns, known)
+
+
+_MODULES_BY_IDENTITY = _ByIdentity(_MODULES_WALKED)
 
 
 class ModuleWatch:
@@ -1008,12 +1038,13 @@ class ModuleWatch:
     def watching(self) -> Iterator[list[GlobalChange]]:
         """Yield a list that, after the block, holds what the block changed (and undid)."""
         walked = self._walked
-        modules = [(name, ns, _namespace(walked, name, dict(ns))) for name, ns in self.modules.items()]
+        modules = [(name, ns, _namespace(_MODULES_BY_IDENTITY, ns, _own(ns))) for name, ns in self.modules.items()]
         stateful = [(name, k, v, _inner_state(v)) for name, _, known in modules for k, v in known.stateful]
-        classes = [(cls, _namespace(walked, cls, _class_state(cls))) for cls in self.classes]
+        classes = [(cls, _namespace(_CLASSES_WALKED, cls, _class_state(cls))) for cls in self.classes]
         cells = [(name, cell, _namespace(walked, key, {name: _cell_value(cell)})) for key, (name, cell) in self.cells.items()]
         objects = [
-            (owner, obj, why, _namespace(walked, key, dict(vars(obj)))) for key, (owner, obj, why) in self.objects.items()
+            (owner, obj, why, dict(vars(obj)), _namespace(walked, key, _own(vars(obj))))
+            for key, (owner, obj, why) in self.objects.items()
         ]
         values = [(owner, value, library_state(value)) for owner, value in self.values.values()]
         foreign = [(owner, value, self._foreign_state(value)) for owner, value in self.foreign.values()] if self.stored_names else []
@@ -1046,18 +1077,16 @@ class ModuleWatch:
                     changes.extend(_restore_memos(known.memos, "<closure>"))
             for cls, known in classes:
                 changes.extend(_restore_class(cls, known))
-            for owner, obj, why, known in objects:
-                changes.extend(_restore_object(owner, obj, why, known))
+            for owner, obj, why, attrs, known in objects:
+                changes.extend(_restore_object(owner, obj, why, attrs, known))
             for module_name, ns, known in modules:
-                bindings = known.bindings
-                if len(ns) == len(bindings) and all(ns.get(k, _ABSENT) is v for k, v in bindings.items()):
+                bindings, now = known.bindings, _own(ns)
+                if len(now) == len(bindings) and all(now.get(k, _ABSENT) is v for k, v in bindings.items()):
                     keys: Any = ()  # nothing rebound, added or removed
                 else:
-                    keys = set(ns) | set(bindings)
+                    keys = set(now) | set(bindings)
                 for key in keys:
-                    if key.startswith("__"):
-                        continue
-                    if ns.get(key, _ABSENT) is not bindings.get(key, _ABSENT):
+                    if now.get(key, _ABSENT) is not bindings.get(key, _ABSENT):
                         changes.append(GlobalChange(module_name.split("#")[0], key, "rebound"))
                         if key in bindings:
                             ns[key] = bindings[key]
@@ -1249,8 +1278,8 @@ class CompileWatch:
         return changes
 
 
-def _restore_object(owner: str, obj: Any, why: str, snapshot: _Namespace) -> list[GlobalChange]:
-    ns, attrs = vars(obj), snapshot.bindings
+def _restore_object(owner: str, obj: Any, why: str, attrs: dict[str, Any], snapshot: _Namespace) -> list[GlobalChange]:
+    ns = vars(obj)
     changes = []
     if len(ns) != len(attrs) or any(ns.get(k, _ABSENT) is not v for k, v in attrs.items()):
         for key in set(ns) | set(attrs):
