@@ -246,3 +246,50 @@ def test_a_method_cache_hit_while_traced_is_statistics_only():
     fn(torch.randn(3, 4), w)
     assert w.scale == 1.0 / 3 and _Quant.scale.cache_info().currsize == 1
     _Quant.scale.cache_clear()
+
+
+_TABLES: dict = {}
+
+
+class CountsInATableAddedLater(WrapperTensor):
+    """Counts its matmuls by row count in ``_TABLES["mm"]``, once eager code made that table."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        plain = [a.elem if isinstance(a, cls) else a for a in args]
+        if func is torch.ops.aten.mm.default:
+            table = _TABLES.get("mm")
+            if table is not None:
+                n = plain[0].shape[0]
+                table[n] = table.get(n, 0) + 1
+        return func(*plain, **kwargs)
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+def test_a_container_eager_code_adds_between_compiles_is_watched(fullgraph):
+    """The watch walks a module's containers once and reuses the walk while they hold what it
+    found: a table eager code adds between two compiles is walked again, and dispatch filling
+    it while traced is refused (not left holding the traces' counts)."""
+
+    def run(fn):
+        _TABLES.clear()
+        w = CountsInATableAddedLater(torch.randn(4, 4))
+        seen = [fn(torch.randn(3, 4), w).shape]
+        _TABLES["mm"] = {}  # eager code, between calls
+        for rows in (3, 5):
+            try:
+                seen.append(fn(torch.randn(rows, 4), w).shape)
+            except torch._dynamo.exc.Unsupported as e:
+                assert "global_state_write" in str(e), e
+                seen.append("refused")
+        return seen, dict(_TABLES["mm"])
+
+    torch._dynamo.reset()
+    eager = run(lambda x, w: x @ w)
+    compiled = run(torch.compile(lambda x, w: x @ w, backend="aot_eager", fullgraph=fullgraph))
+    if fullgraph:
+        assert compiled == ([torch.Size([3, 4]), "refused", "refused"], {})
+    else:
+        assert compiled == eager == ([torch.Size([3, 4])] * 2 + [torch.Size([5, 4])], {3: 1, 5: 1})
+    _TABLES.clear()
