@@ -99,6 +99,7 @@ class Planner:
         self.real_inputs = list(real_inputs)
         self.record = record
         self.epilogue = epilogue  # False: the entry point has no run-time epilogue (export)
+        self._shared_in_backward: Any = None  # See Note [A shared object written in the backward]
         self.writes: list[PlannedWrite] | None = None
         self.output_writes: list[PlannedWrite] | None = None
         self.n_extra = 0
@@ -515,7 +516,30 @@ class Planner:
         if code is None:
             return
         for r in free_state.backward_reads(code.reads(), code.names):
+            self._refuse_read_of_a_forward_write(r)
             self.backward_free.setdefault((r.module, r.name, id(r.cell), r.chain, r.kind), r)
+
+    def _refuse_read_of_a_forward_write(self, r: free_state.BackwardRead) -> None:
+        """Note [The backward reads what the forward wrote on a shared object]: the backward's
+        code reads an attribute (``STATS.fwd``) that the forward's dispatch sets on an object
+        it reaches through a global, which the compiled forward sets again on every call:
+        eager's backward reads each call's value, the compiled backward the traced one (an
+        outside tester found it refused at every ``backward()`` as changed, under
+        ``fullgraph=False`` too). Refused when compiling (``unsupported_state_read``)."""
+        if self.record is None or not self.record.recorded or r.kind != "value" or not r.chain:
+            return
+        holder = dataclasses.replace(r, chain=r.chain[:-1]).now()
+        last = r.chain[-1]
+        written = self.record.recorded.get(id(holder), {}) if isinstance(last, str) else {}
+        if last in written and any(holder is obj for obj in self.record.shared_objects):
+            raise SubclassWriteError(
+                RefusalKind.UNSUPPORTED_STATE_READ,
+                next((type(x).__name__ for x in self.real_inputs if _is_subclass(x)), "traced backward"),
+                r.where(), type(r.value).__name__,
+                context="the traced backward reads an attribute the forward's dispatch sets on an object it "
+                "reaches through a global or closure: the compiled forward sets it again on every call, and the "
+                "compiled backward would read the value it was traced with",
+            )
 
     def open_late(self) -> None:
         """Note [Where the traced backward begins]
@@ -532,6 +556,19 @@ class Planner:
             self._late_versions = _inner_versions(late)
             self._late_block = contextlib.ExitStack()
             self._late_block.enter_context(late.active())
+        self._shared_in_backward = None
+        if self.record is not None and self.record.shared_objects:
+            # Note [A shared object written in the backward]: an object dispatch reaches
+            # through a global (``STATS.bwd += 1`` in the backward) is the real one while
+            # traced: the backward's write landed on it once, at compile time, and the compiled
+            # backward never made it again (an outside tester's find: the count stuck at 1).
+            # Its attributes are compared from here to the joint's end, put back, and such a
+            # write refused (``write_in_backward``).
+            watch = free_state.ModuleWatch()
+            for obj in self.record.shared_objects:
+                watch.add_object(type(obj).__name__, obj, "set in the traced backward")
+            block = contextlib.ExitStack()
+            self._shared_in_backward = (block, block.enter_context(watch.watching()))
 
     def close_late(self) -> None:
         self._late_pending = None
@@ -543,6 +580,20 @@ class Planner:
         """The joint function returns: AOTAutograd then compares each of its inputs with
         what it was given (``has_metadata_mutation``), so the backward's writes are taken
         and the instances put back now, before a grown flatten list reaches that check."""
+        shared, self._shared_in_backward = self._shared_in_backward, None
+        if shared is not None:
+            block, written = shared
+            block.close()
+            if written:
+                self.close_late()
+                raise SubclassWriteError(
+                    RefusalKind.WRITE_IN_BACKWARD,
+                    next((type(r).__name__ for r in self.real_inputs if _is_subclass(r)), "traced backward"),
+                    f"{written[0].module}.{written[0].name}", "attribute of a shared object",
+                    context="the traced backward set attributes on an object dispatch reaches through a global or "
+                    "closure (" + ", ".join(f"{c.module}.{c.name}" for c in written) + "): the compiled backward "
+                    "cannot make that write again",
+                )
         changed: list[tuple[Any, str]] = []
         if self._late_block is not None and self._late:
             late = self._late[-1]

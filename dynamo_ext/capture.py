@@ -68,6 +68,8 @@ from .values import (
 _local = threading.local()
 
 _get_dict = object.__getattribute__
+# attribute names through which code takes an object's whole state (``copy``, ``pickle``)
+_WHOLE_STATE = frozenset({"__getstate__", "__reduce_ex__", "__reduce__"})
 
 
 def obj_dict(obj: Any) -> dict:
@@ -750,8 +752,9 @@ class Scope:
             # a value the traced code wrote, read back (the traced backward's: See Note [A
             # backward run for part of the graph] in partial_backward.py)
             self.written_reads.update((t, n) for n in ((name,) if name != "__dict__" else t.written))
-        if name == "__dict__":
-            # User code reading __dict__ itself sees every entry eager would find there.
+        if name == "__dict__" or name in _WHOLE_STATE:
+            # User code reading __dict__ itself sees every entry eager would find there
+            # (``copy.copy(cfg)`` takes it through ``__reduce_ex__``, in C).
             if t.on_read is not None and not t.dict_complete and not _called_from_torch(3):
                 t.dict_complete = True
                 t.on_read(t, KEYS)

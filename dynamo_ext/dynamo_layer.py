@@ -41,6 +41,7 @@ import os
 import sys
 import threading
 import types
+import weakref
 from typing import Any, Callable, Iterator, NoReturn
 
 import torch
@@ -689,6 +690,13 @@ class FrameState:
             guards.guard(source, "ID_MATCH")  # a helper rebound: its code is another
             if free_state.reads_environment(value):  # ``from os import getenv``
                 self._guard_reached(AttrSource(self.tx.import_source("os"), "environ"), os.environ, "os", "environ", depth + 1)
+            return self._guard_defaults(source, value, owner, name, depth)
+        if isinstance(value, (logging.Logger, logging.LoggerAdapter)):
+            # ``logger.isEnabledFor(DEBUG)``: its effective level, as the user sets it between calls
+            guards.guard(source, "ID_MATCH")
+            seen = _logger_state(value)
+            guards.lambda_(source, lambda lg: _logger_state(lg) == seen, f" logs at {seen!r}")
+            self.record.free_reads.append((owner, name, seen))
             return False
         if not isinstance(value, type) and isinstance(free_state._wrapped(value), types.FunctionType):
             guards.guard(source, "ID_MATCH")  # an ``lru_cache`` getter: the code it runs is followed
@@ -746,7 +754,8 @@ class FrameState:
 
             # the items the code names (``sys.modules["helpers"].CACHE``)
             retry = False
-            for key in sorted(k for k in self.collector.names if k in value):
+            named = self.collector.names | {m for m in self.collector.module_names if isinstance(m, str)}
+            for key in sorted(k for k in named if k in value):
                 retry |= self._guard_reached(DictGetItemSource(source, key), value[key], owner, f"{name}[{key!r}]", depth + 1)
             return retry
         if isinstance(value, type) or (isinstance(value, (tuple, frozenset)) and value and all(isinstance(v, type) for v in value)):
@@ -772,6 +781,23 @@ class FrameState:
                     if attr[:2] != "__":
                         guards.absent(source, attr)
             return self._guard_attributes(source, held, names, f"{owner}.{name}", depth, uses)
+        if type(value) is weakref.ref:
+            # ``MREF().calls += 1``: the object the reference leads to, reached through it
+            from torch._dynamo.source import WeakRefCallSource
+
+            guards.guard(source, "ID_MATCH")
+            target = value()
+            if target is None:
+                return False
+            return self._guard_reached(WeakRefCallSource(source), target, owner, f"{name}()", depth + 1, uses)
+        if isinstance(value, weakref.WeakValueDictionary):
+            # what it holds, as a weak dictionary's table of references: its objects' attributes
+            # are compared (not guarded: no guard source reaches them)
+            for item in list(value.values())[:_MAX_ITEMS_GUARDED]:
+                if isinstance(getattr(item, "__dict__", None), dict) and not isinstance(item, (type, types.ModuleType)):
+                    self.watch.add_object(f"{owner}.{name}[...]", item)
+                elif free_state.slot_values(item) is not None:
+                    self.watch.add_slotted(f"{owner}.{name}[...]", item)
         if isinstance(value, collections.abc.Iterator) and not isinstance(value, io.IOBase) and not (
             depth == 0 and type(value) in free_state.STATEFUL
         ):
@@ -799,6 +825,7 @@ class FrameState:
         slots = free_state.slot_values(value)
         if slots is not None:  # a ``__slots__`` config object: every slot (a property may serve one)
             guards.guard(source, "ID_MATCH")
+            self.watch.add_slotted(f"{owner}.{name}", value)
             return self._guard_attributes(source, slots, set(slots), f"{owner}.{name}", depth, free_state.Uses())
         snapshot = free_state.state_snapshot(value)
         if snapshot is free_state.UNREADABLE:
@@ -814,6 +841,21 @@ class FrameState:
         # an attribute dispatch code sets on one by name is compared (``add_foreign``)
         self.watch.add_foreign(f"{owner}.{name}", value)
         return False
+
+    def _guard_defaults(self, source: Any, fn: Any, owner: str, name: str, depth: int) -> bool:
+        """A user function's default arguments that are not constants (``def scaled(t,
+        cfg=CFG)``), each as a value reached through it."""
+        from torch._dynamo.source import AttrSource, GetItemSource
+
+        if not free_state.is_user_code(fn.__code__.co_filename):
+            return False
+        retry = False
+        for i, default in enumerate(fn.__defaults__ or ()):
+            if not is_immutable_constant(default) and not is_code_object(default):
+                retry |= self._guard_reached(
+                    GetItemSource(AttrSource(source, "__defaults__"), i), default, owner, f"{name}.__defaults__[{i}]", depth + 1
+                )
+        return retry
 
     def _refuse_changed(self, owner: str, name: str, what: str, opaque: str = "") -> NoReturn:
         t = next(iter(self.scope.tracked.values()))
@@ -872,6 +914,9 @@ class FrameState:
                     # a hook the user swaps (``Q.quant = staticmethod(floor)``): what
                     # ``cls.name`` gives, by identity (a function, a property, a class)
                     guards.guard(AttrSource(source, name), "ID_MATCH")
+                    fn = value.__func__ if isinstance(value, staticmethod) else value
+                    if isinstance(fn, types.FunctionType):  # and its default arguments
+                        retry |= self._guard_defaults(AttrSource(source, name), fn, cls.__qualname__, name, depth)
                     continue
                 if isinstance(value, classmethod):  # ``cls.name`` is a new bound method each time
                     guards.guard(AttrSource(AttrSource(source, name), "__func__"), "ID_MATCH")
@@ -1310,6 +1355,14 @@ class _Refused(BaseException):
 
     def __init__(self, kind: RefusalKind, t: Tracked, attr: str, value_type: str, context: str = "", hint: str = "") -> None:
         self.args_ = (kind, t, attr, value_type, context, hint)
+
+
+def _logger_state(logger: Any) -> tuple:
+    """What decides whether a logger logs at a level: its effective level, whether it is
+    disabled, and the manager's global ``logging.disable``."""
+    if isinstance(logger, logging.LoggerAdapter):
+        logger = logger.logger
+    return (logger.getEffectiveLevel(), logger.disabled, logger.manager.disable)
 
 
 def _refuse(kind: RefusalKind, t: Tracked, attr: str, value_type: str, context: str = "", hint: str = "") -> NoReturn:

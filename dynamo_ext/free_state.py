@@ -182,6 +182,15 @@ def loaded_globals(code: types.CodeType) -> tuple[str, ...]:
     )
 
 
+def globals_read(code: types.CodeType, f_globals: dict) -> tuple[str, ...]:
+    """The globals ``code`` may load: by name, and by a string constant where it calls
+    ``globals()`` (``globals()["SCALE"]``)."""
+    names = loaded_globals(code)
+    if "globals" in names and "globals" not in f_globals:
+        names = tuple(sorted(set(names) | {c for c in read_names(code) if c in f_globals and c not in code.co_names}))
+    return names
+
+
 _COMPARE_OPS = frozenset({"IS_OP", "COMPARE_OP", "CONTAINS_OP"})
 
 
@@ -350,8 +359,9 @@ class Uses:
     bare: bool = True
 
     def names(self, every: set[str]) -> set[str]:
-        """The attribute names read off the value (``every`` where it is used bare)."""
-        return set(every) if self.bare else {p[0] for p in self.paths}
+        """The attribute names read off the value (``every`` where it is used bare, or its
+        instance dict is: ``Holder.__dict__["factor"]``)."""
+        return set(every) if self.bare or any(p[0] == "__dict__" for p in self.paths) else {p[0] for p in self.paths}
 
     def of(self, name: str) -> "Uses":
         """How the value's attribute ``name`` is used."""
@@ -435,6 +445,7 @@ class Collector:
         self.identity_calls: list[str] = []
         self.writes_attributes = False  # some code found sets attributes, outside constructors
         self.stored: set[str] = set()  # the attribute names the code found may set
+        self.module_names: set[Any] = set()  # the modules whose code was found (``sys.modules[__name__]``)
         # some code found handles exceptions itself (See Note [An exception dispatch caught
         # while traced] in capture.py)
         self.catches = False
@@ -539,7 +550,8 @@ class Collector:
             self.catches = self.catches or catches_exceptions(code)
             self.names.update(read_names(code))
             uses = uses_in(code)
-            for name in loaded_globals(code):
+            self.module_names.add(f_globals.get("__name__"))
+            for name in globals_read(code, f_globals):
                 value = f_globals.get(name)
                 follow(value)
                 if isinstance(value, types.ModuleType) and is_user_code(getattr(value, "__file__", "") or ""):
@@ -571,7 +583,7 @@ class Collector:
             uses = uses_in(code)
             if f_globals is not None:  # None: another function's cells for code already read
                 module = f_globals.get("__name__")
-                for name in loaded_globals(code):
+                for name in globals_read(code, f_globals):
                     if name in f_globals:
                         yield FreeRead(module, name, f_globals[name], code_name=where, uses=uses.get(name, Uses()))
             for key, cell in cells.items():
@@ -965,6 +977,7 @@ class ModuleWatch:
         # dispatch code sets attributes by name: those names are compared
         self.foreign: dict[int, tuple[str, Any]] = {}
         self.stored_names: set[str] = set()  # attribute names dispatch code sets (Collector.stored)
+        self.slotted: dict[int, tuple[str, Any]] = {}  # user objects with ``__slots__`` a global holds
         self._walked: dict[Any, _Namespace] = {}
         self._late: list[tuple[str, Any, dict[str, Any]]] | None = None  # foreign objects met inside an op
 
@@ -994,6 +1007,12 @@ class ModuleWatch:
         per call on the eager backend, a functional tensor left on it by an AOT pass)."""
         if isinstance(getattr(value, "__dict__", None), dict):
             self.objects.setdefault(id(value), (owner, value, why or f"set on a {type(value).__qualname__} held by a global"))
+
+    def add_slotted(self, owner: str, value: Any) -> None:
+        """A user object keeping its state in ``__slots__`` that dispatch reaches through a
+        global: its slots are compared and put back (``SLOTS.calls += 1`` was counted once per
+        trace, never replayed: an outside tester's find)."""
+        self.slotted.setdefault(id(value), (owner, value))
 
     def add_value(self, owner: str, value: Any) -> None:
         """A library object with state of its own dispatch reaches (``library_state``)."""
@@ -1047,6 +1066,7 @@ class ModuleWatch:
             for key, (owner, obj, why) in self.objects.items()
         ]
         values = [(owner, value, library_state(value)) for owner, value in self.values.values()]
+        slotted = [(owner, value, slot_values(value) or {}) for owner, value in self.slotted.values()]
         foreign = [(owner, value, self._foreign_state(value)) for owner, value in self.foreign.values()] if self.stored_names else []
         generators = _generator_states()
         environ = _environ_now()
@@ -1066,6 +1086,15 @@ class ModuleWatch:
                     changes.append(GlobalChange(owner, type(value).__qualname__, "changed in place (a library object's state)"))
                     if now is not None:
                         restore_library_state(value, state)
+            for owner, value, before in slotted:
+                now = slot_values(value) or {}
+                for key in set(now) | set(before):
+                    if now.get(key, _ABSENT) is not before.get(key, _ABSENT):
+                        changes.append(GlobalChange(owner, key, f"set on a {type(value).__qualname__} (__slots__) held by a global"))
+                        if key in before:
+                            object.__setattr__(value, key, before[key])
+                        else:
+                            object.__delattr__(value, key)
             for owner, value, state in foreign + late:
                 changes.extend(_restore_foreign(owner, value, state))
             for name, cell, known in cells:

@@ -293,3 +293,237 @@ def test_a_container_eager_code_adds_between_compiles_is_watched(fullgraph):
     else:
         assert compiled == eager == ([torch.Size([3, 4])] * 2 + [torch.Size([5, 4])], {3: 1, 5: 1})
     _TABLES.clear()
+
+
+# Outside round 25: a shared object counted on in the backward, a ``__slots__`` object and one
+# reached through a weak reference, and config read by paths the guards missed.
+
+import copy  # noqa: E402
+import logging  # noqa: E402
+import weakref  # noqa: E402
+
+
+class _Stats:
+    def __init__(self):
+        self.fwd = 0
+        self.bwd = 0
+
+
+class _SlotStats:
+    __slots__ = ("calls",)
+
+    def __init__(self):
+        self.calls = 0
+
+
+_STATS = _Stats()
+_SLOTS = _SlotStats()
+_METER = _Stats()
+_METER_REF = weakref.ref(_METER)
+
+
+class CountsInTheBackward(WrapperTensor):
+    """Counts its matmuls on ``_STATS.fwd`` and its transposes (the backward's) as ``how`` says."""
+
+    how = "write"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.mm.default:
+            _STATS.fwd += 1
+        elif func is torch.ops.aten.t.default and cls.how == "write":
+            _STATS.bwd += 1
+        elif func is torch.ops.aten.t.default and cls.how == "read" and _STATS.fwd > 100:
+            raise RuntimeError("too many calls")
+        plain = [a.elem if isinstance(a, cls) else a for a in args]
+        out = func(*plain, **kwargs)
+        return cls(out) if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default) else out
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("how", ["write", "read"])
+def test_a_global_object_the_backward_counts_on_or_reads(how, fullgraph):
+    """The backward sets (or reads) an attribute of an object dispatch reaches through a
+    global, which the forward sets on every call: the compiled backward could neither make the
+    write again (the count stuck at 1) nor read each call's value (refused at every
+    ``backward()``, under ``fullgraph=False`` too). Refused when compiling, nothing touched."""
+    cls = type(f"CountsInTheBackward_{how}", (CountsInTheBackward,), {"how": how})
+
+    def run(fn):
+        _STATS.__init__()
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(cls(torch.randn(4, 3)))
+        seen = []
+        for _ in range(3):
+            x = torch.randn(2, 4, requires_grad=True)
+            try:
+                fn(x, w).backward()
+            except Exception as e:  # the compile's refusal
+                assert ("write_in_backward" if how == "write" else "unsupported_state_read") in str(e), e
+                assert (_STATS.fwd, _STATS.bwd) == (0, 0)
+                seen.append("refused")
+                continue
+            seen.append((_STATS.fwd, _STATS.bwd, x.grad.tolist()))
+        return seen
+
+    def f(x, w):
+        return torch.mm(x, w).tanh().sum()
+
+    torch._dynamo.reset()
+    eager = run(f)
+    compiled = run(torch.compile(f, backend="aot_eager", fullgraph=fullgraph))
+    assert compiled == (["refused"] * 3 if fullgraph else eager)
+
+
+def _slots_count(w, func, n):
+    _SLOTS.calls += 1
+
+
+def _weakref_count(w, func, n):
+    _METER_REF().fwd += 1
+
+
+class CountsOnAnObjectHeldOtherwise(WrapperTensor):
+    count = staticmethod(_slots_count)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        plain = [a.elem if isinstance(a, cls) else a for a in args]
+        if func is torch.ops.aten.mm.default:
+            cls.count(args[1], func, plain[0].shape[0])
+        return func(*plain, **kwargs)
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("held", ["slots", "weakref"])
+def test_a_count_on_a_slots_object_or_one_a_weak_reference_leads_to(held, backend, fullgraph):
+    """A ``__slots__`` object's count is refused and put back (its state is no instance dict
+    to replay); one reached through ``weakref.ref`` is tracked through the reference and
+    replayed. Both were counted once per trace and never again."""
+    count, picture, reset = {
+        "slots": (_slots_count, lambda: _SLOTS.calls, _SLOTS.__init__),
+        "weakref": (_weakref_count, lambda: _METER.fwd, _METER.__init__),
+    }[held]
+    cls = type(f"CountsOnAnObjectHeldOtherwise_{held}", (CountsOnAnObjectHeldOtherwise,), {"count": staticmethod(count)})
+
+    def run(fn):
+        reset()
+        w = cls(torch.randn(4, 4))
+        seen = []
+        for rows in (3, 3, 5):
+            try:
+                seen.append((fn(torch.randn(rows, 4), w).shape, picture()))
+            except torch._dynamo.exc.Unsupported as e:
+                assert "global_state_write" in str(e), e
+                seen.append(("refused", picture()))
+        return seen
+
+    torch._dynamo.reset()
+    eager = run(lambda x, w: x @ w)
+    compiled = run(torch.compile(lambda x, w: x @ w, backend=backend, fullgraph=fullgraph))
+    if fullgraph and held == "slots":
+        assert compiled == [("refused", 0)] * 3
+    else:
+        assert compiled == eager == [(torch.Size([3, 4]), 1), (torch.Size([3, 4]), 2), (torch.Size([5, 4]), 3)]
+
+
+class _Cfg:
+    def __init__(self):
+        self.scale = 1.0
+
+
+class _HoldsFactor:
+    factor = 1.0
+
+
+_CFG = _Cfg()  # read through copy.copy
+_CFG_DEFAULT = _Cfg()  # reached through a default argument only
+_CFG_BY_REF = _Cfg()
+_CFG_REF = weakref.ref(_CFG_BY_REF)  # reached through the weak reference only
+X = 1.0
+_LOGGER = logging.getLogger("dynamo_ext_test_global_state")
+
+
+def _scale_from_default(cfg=_CFG_DEFAULT):
+    return cfg.scale
+
+
+READ_PATHS = {
+    "globals_item": lambda: globals()["X"],
+    "module_from_sys_modules": lambda: getattr(sys.modules[__name__], "X"),
+    "default_argument": lambda: _scale_from_default(),
+    "logger_level": lambda: 2.0 if _LOGGER.isEnabledFor(logging.DEBUG) else 1.0,
+    "class_dict": lambda: _HoldsFactor.__dict__["factor"],
+    "weak_reference": lambda: _CFG_REF().scale,
+    "copy_of_an_object": lambda: copy.copy(_CFG).scale,
+}
+
+
+def _set_x(v):
+    globals()["X"] = v
+
+
+def _setter(name):
+    def set_scale(v):
+        vars(globals()[name])["scale"] = v
+
+    return set_scale
+
+
+# kept apart from what dispatch reaches, so that only the read path leads dispatch to the value
+SETTERS = {
+    "globals_item": _set_x,
+    "module_from_sys_modules": _set_x,
+    "default_argument": _setter("_CFG_DEFAULT"),
+    "logger_level": lambda v: logging.getLogger("dynamo_ext_test_global_state").setLevel(
+        logging.DEBUG if v == 2.0 else logging.WARNING),
+    "class_dict": lambda v: type.__setattr__(vars(sys.modules[__name__])["_HoldsFactor"], "factor", v),
+    "weak_reference": _setter("_CFG_BY_REF"),
+    "copy_of_an_object": _setter("_CFG"),
+}
+
+
+class ScalesByConfig(WrapperTensor):
+    """Multiplies its matmul's result by a config value read one of ``READ_PATHS``' ways."""
+
+    path = "globals_item"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        plain = [a.elem if isinstance(a, cls) else a for a in args]
+        out = func(*plain, **kwargs)
+        if func is torch.ops.aten.mm.default:
+            out = out * READ_PATHS[cls.path]()
+        return out
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("path", sorted(READ_PATHS))
+def test_config_read_by_other_paths_takes_effect(path, fullgraph):
+    """Config dispatch reads through ``globals()``, ``sys.modules``, a default argument, a
+    logger's level, a class's ``__dict__``, a weak reference or a copy, changed between calls:
+    the compiled program follows it, as eager (it kept the first value on AOT backends)."""
+    cls = type(f"ScalesByConfig_{path}", (ScalesByConfig,), {"path": path})
+    set_value = SETTERS[path]
+
+    def run(fn):
+        torch.manual_seed(0)
+        w = cls(torch.randn(4, 4))
+        x = torch.randn(3, 4)
+        out = []
+        for value in (1.0, 1.0, 2.0, 1.0):
+            set_value(value)
+            out.append(fn(x, w))
+        set_value(1.0)
+        return out
+
+    torch._dynamo.reset()
+    eager = run(lambda x, w: x @ w)
+    compiled = run(torch.compile(lambda x, w: x @ w, backend="aot_eager", fullgraph=fullgraph))
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b)
+    assert not torch.equal(eager[2], eager[1])  # the value mattered
