@@ -752,7 +752,7 @@ class Scope:
             # a value the traced code wrote, read back (the traced backward's: See Note [A
             # backward run for part of the graph] in partial_backward.py)
             self.written_reads.update((t, n) for n in ((name,) if name != "__dict__" else t.written))
-        if name == "__dict__" or name in _WHOLE_STATE:
+        if name == "__dict__" or (name in _WHOLE_STATE and free_state.called_through_stdlib_from_user(sys._getframe(2))):
             # User code reading __dict__ itself sees every entry eager would find there
             # (``copy.copy(cfg)`` takes it through ``__reduce_ex__``, in C).
             if t.on_read is not None and not t.dict_complete and not _called_from_torch(3):

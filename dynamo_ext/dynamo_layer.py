@@ -798,8 +798,10 @@ class FrameState:
                     self.watch.add_object(f"{owner}.{name}[...]", item)
                 elif free_state.slot_values(item) is not None:
                     self.watch.add_slotted(f"{owner}.{name}[...]", item)
-        if isinstance(value, collections.abc.Iterator) and not isinstance(value, io.IOBase) and not (
-            depth == 0 and type(value) in free_state.STATEFUL
+        if (
+            isinstance(value, collections.abc.Iterator) and not isinstance(value, io.IOBase)
+            and not free_state.is_user_class(type(value))  # its state is attributes, tracked below
+            and not (depth == 0 and type(value) in free_state.STATEFUL)
         ):
             # a generator or iterator dispatch may advance (``next(GEN)``): where it stands
             # cannot be guarded, copied or put back once a trace advanced it (refused before

@@ -49,6 +49,17 @@ _EXCLUDED_DIRS = tuple(
 )
 
 
+_STDLIB_DIRS = tuple(os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib"))
+
+
+def called_through_stdlib_from_user(frame: Any) -> bool:
+    """The first frame from ``frame`` up that is not the standard library's (``copy``,
+    ``copyreg``, ``pickle``) is user code."""
+    while frame is not None and os.path.realpath(frame.f_code.co_filename).startswith(_STDLIB_DIRS):
+        frame = frame.f_back
+    return frame is not None and is_user_code(frame.f_code.co_filename)
+
+
 @functools.lru_cache(maxsize=4096)
 def is_user_code(filename: str) -> bool:
     """Code outside torch, dynamo_ext and the standard library (third-party packages such

@@ -527,3 +527,46 @@ def test_config_read_by_other_paths_takes_effect(path, fullgraph):
     for a, b in zip(compiled, eager):
         torch.testing.assert_close(a, b)
     assert not torch.equal(eager[2], eager[1])  # the value mattered
+
+
+class _Schedule:
+    """A user iterator: its position is an attribute, tracked like any user object's."""
+
+    def __init__(self):
+        self.step = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.step += 1
+        return 0.1 * self.step
+
+
+_SCHEDULE = _Schedule()
+
+
+class TakesItsRateFromASchedule(WrapperTensor):
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        plain = [a.elem if isinstance(a, cls) else a for a in args]
+        if func is torch.ops.aten.mm.default:
+            args[1].rate = next(_SCHEDULE)
+        return func(*plain, **kwargs)
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+def test_a_user_iterator_dispatch_advances_is_tracked_not_refused(fullgraph):
+    """A generator reached through globals is refused before the op; an iterator of a user
+    class keeps its position in attributes, which are tracked and replayed as eager's."""
+
+    def run(fn):
+        _SCHEDULE.__init__()
+        w = TakesItsRateFromASchedule(torch.randn(4, 4))
+        return [(fn(torch.randn(3, 4), w).shape, w.rate, _SCHEDULE.step) for _ in range(3)]
+
+    torch._dynamo.reset()
+    eager = run(lambda x, w: x @ w)
+    compiled = run(torch.compile(lambda x, w: x @ w, backend="aot_eager", fullgraph=fullgraph))
+    assert compiled == eager
