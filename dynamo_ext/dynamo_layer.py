@@ -2355,7 +2355,8 @@ def make_frame_compile_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _compile(code: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return original(code, *args, **kwargs)
+            with free_state.walks_shared():  # See Note [The global-state watch's cost]
+                return original(code, *args, **kwargs)
         except _RunFrameEagerly as e:
             _run_code_eagerly(code, e.refusal.kind.gb_type, str(e.refusal), e.refusal)
         except (UncapturedHigherOrderOpError, AssertionError) as e:

@@ -939,18 +939,12 @@ def _namespace(cache: Any, key: Any, bindings: dict[str, Any]) -> _Namespace:
     return known
 
 
-# Walks of module namespaces (by their dict's identity, held) and of classes, kept across
-# watches: every compile and every AOTAutograd pass watches the same modules and classes
-_MODULES_WALKED: dict[int, tuple[dict, _Namespace]] = {}
-_CLASSES_WALKED: Any = weakref.WeakKeyDictionary()
-
-
 class _ByIdentity:
-    """A cache of ``_MODULES_WALKED``'s shape for ``_namespace``: keyed by a namespace dict's
-    identity, holding the dict so the identity stays its own."""
+    """Walks of module namespaces for ``_namespace``, keyed by a namespace dict's identity and
+    holding the dict, so the identity stays its own."""
 
-    def __init__(self, table: dict[int, tuple[dict, _Namespace]]) -> None:
-        self.table = table
+    def __init__(self) -> None:
+        self.table: dict[int, tuple[dict, _Namespace]] = {}
 
     def get(self, ns: dict) -> _Namespace | None:
         entry = self.table.get(id(ns))
@@ -960,7 +954,31 @@ class _ByIdentity:
         self.table[id(ns)] = (ns, known)
 
 
-_MODULES_BY_IDENTITY = _ByIdentity(_MODULES_WALKED)
+class _Walks(threading.local):
+    """The walks of module namespaces and classes one compile shares: its Dynamo frame's ops
+    and its AOTAutograd passes watch the same modules and classes (``walks_shared``)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.modules = _ByIdentity()
+        self.classes: dict[type, _Namespace] = {}
+
+
+_WALKS = _Walks()
+
+
+@contextlib.contextmanager
+def walks_shared() -> Iterator[None]:
+    """Share the watch's walks of modules and classes for the block (a frame's compile);
+    dropped when the outermost block ends, so nothing outlives a compile."""
+    _WALKS.depth += 1
+    try:
+        yield
+    finally:
+        _WALKS.depth -= 1
+        if _WALKS.depth == 0:
+            _WALKS.modules = _ByIdentity()
+            _WALKS.classes = {}
 
 
 class ModuleWatch:
@@ -990,6 +1008,7 @@ class ModuleWatch:
         self.stored_names: set[str] = set()  # attribute names dispatch code sets (Collector.stored)
         self.slotted: dict[int, tuple[str, Any]] = {}  # user objects with ``__slots__`` a global holds
         self._walked: dict[Any, _Namespace] = {}
+        self._module_walks = _ByIdentity()
         self._late: list[tuple[str, Any, dict[str, Any]]] | None = None  # foreign objects met inside an op
 
     def add_module_object(self, module: types.ModuleType) -> None:
@@ -1068,9 +1087,12 @@ class ModuleWatch:
     def watching(self) -> Iterator[list[GlobalChange]]:
         """Yield a list that, after the block, holds what the block changed (and undid)."""
         walked = self._walked
-        modules = [(name, ns, _namespace(_MODULES_BY_IDENTITY, ns, _own(ns))) for name, ns in self.modules.items()]
+        shared = _WALKS.depth > 0  # else this watch's own
+        module_walks = _WALKS.modules if shared else self._module_walks
+        class_walks = _WALKS.classes if shared else walked
+        modules = [(name, ns, _namespace(module_walks, ns, _own(ns))) for name, ns in self.modules.items()]
         stateful = [(name, k, v, _inner_state(v)) for name, _, known in modules for k, v in known.stateful]
-        classes = [(cls, _namespace(_CLASSES_WALKED, cls, _class_state(cls))) for cls in self.classes]
+        classes = [(cls, _namespace(class_walks, cls, _class_state(cls))) for cls in self.classes]
         cells = [(name, cell, _namespace(walked, key, {name: _cell_value(cell)})) for key, (name, cell) in self.cells.items()]
         objects = [
             (owner, obj, why, dict(vars(obj)), _namespace(walked, key, _own(vars(obj))))
