@@ -1460,6 +1460,7 @@ def make_var_getattr_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def var_getattr(self: Any, tx: Any, name: str) -> Any:
         _refuse_backward_code_read(self, name)
+        _refuse_result_tag_read(self, tx, name)
         result = original(self, tx, name)
         if name in _DISPATCHING_PROPERTIES and self.source is not None and _may_write(self):
             from torch._dynamo.variables import TensorVariable
@@ -1469,6 +1470,82 @@ def make_var_getattr_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return var_getattr
+
+
+def make_traced_output_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``builder.handle_traced_output`` (See Note [A tag dispatch puts on an
+    op's plain result])."""
+
+    @functools.wraps(original)
+    def handle_traced_output(example_value: Any, tx: Any, proxy: Any, options: Any, subclass_type: Any, target_cls: Any) -> Any:
+        vt = original(example_value, tx, proxy, options, subclass_type, target_cls)
+        if tx.output.__dict__.get(_STATE_KEY) is not None and options.get("source") is None:
+            _record_result_tags(tx, vt, example_value)
+        return vt
+
+    return handle_traced_output
+
+
+def _result_tags(example: Any) -> dict[str, Any]:
+    """What dispatch set on a plain tensor an op returned while traced (``out.scale = 0.5``):
+    the entries of its FakeTensor's instance dict torch gives none."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if type(example) is not FakeTensor:
+        return {}
+    d = capture.obj_dict(example)
+    if len(d) <= len(_fake_tensor_keys()):
+        return {}
+    own = _fake_tensor_keys()
+    return {k: v for k, v in d.items() if k not in own and not is_torch_internal(k)}
+
+
+@functools.lru_cache(maxsize=1)
+def _fake_tensor_keys() -> frozenset[str]:
+    from .aot_layer import _fresh_keys
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return _fresh_keys(FakeTensor)
+
+
+def _record_result_tags(tx: Any, vt: Any, example: Any) -> None:
+    """Note [A tag dispatch puts on an op's plain result]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Dispatch may tag the plain tensor an op returns (``out.scale = 0.5``). The run-time output
+    gets its tags (the eager backend runs dispatch; AOT backends plan them, See Note
+    [Attributes on a plain output] in aot_layer.py), but user code later in the same frame
+    read the traced result, which Dynamo's variable lacked them on: ``getattr(y, "scale", 1)``
+    answered the default, silently (an outside tester's find; stock alike). A constant tag is
+    recorded as a pending write on the result's variable, which Dynamo's attribute reads
+    consult first; a read of any other tag is refused (``unsupported_state_read``, See
+    ``make_var_getattr_hook``)."""
+    from torch._dynamo.variables import TensorVariable
+
+    if not isinstance(vt, TensorVariable) or vt.source is not None:
+        return
+    tags = _result_tags(example)
+    if not tags or not tx.output.side_effects.is_attribute_mutation(vt):
+        return
+    for name, value in tags.items():
+        if classify(value) is ValueKind.CONSTANT and not tx.output.side_effects.has_pending_mutation_of_attr(vt, name):
+            tx.output.side_effects.store_attr(vt, name, _constant_vt(tx, value))
+
+
+def _refuse_result_tag_read(vt: Any, tx: Any, name: str) -> None:
+    """See Note [A tag dispatch puts on an op's plain result]: a tag that is not a constant."""
+    if name[:2] == "__" or vt.source is not None or not hasattr(vt, "proxy"):
+        return
+    if tx.output.__dict__.get(_STATE_KEY) is None or tx.output.side_effects.has_pending_mutation_of_attr(vt, name):
+        return
+    tags = _result_tags(vt.proxy.node.meta.get("example_value"))
+    if name in tags:
+        refuse(
+            RefusalKind.UNSUPPORTED_STATE_READ, "Tensor", name, type(tags[name]).__name__,
+            f"the code reads {name!r}, which dispatch set on the plain tensor an op returned, and which "
+            "the traced result holds as a value of the trace (not a constant): the compiled code cannot read it",
+            hint="Read the attribute outside the compiled function, or let the code run eagerly "
+            "(fullgraph=False graph-breaks there).",
+        )
 
 
 def _may_write(vt: Any) -> bool:

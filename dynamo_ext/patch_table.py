@@ -122,6 +122,15 @@ TABLE: list[Patch] = [
     ),
     Patch(
         "torch._dynamo.variables.builder",
+        "handle_traced_output",
+        dynamo_layer.make_traced_output_hook,
+        why="A tag dispatch puts on the plain tensor an op returns (out.scale = 0.5) is on the "
+        "traced result's FakeTensor, not on Dynamo's variable: a constant tag is recorded as a "
+        "pending write on the variable, so code later in the frame reads it as eager does (See "
+        "Note [A tag dispatch puts on an op's plain result]).",
+    ),
+    Patch(
+        "torch._dynamo.variables.builder",
         "_wrap_fx_preexisting_tensor",
         dynamo_layer.make_preexisting_tensor_hook,
         why="The items of an op's tuple result (torch.split, unbind) get variables Dynamo does not "
