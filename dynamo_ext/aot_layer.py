@@ -1030,7 +1030,7 @@ class Planner:
             return None
         if name == "_version":
             self._guard(t, name, real._version)
-            return real._version
+            return real._version + capture.version_delta(t)
         held = t.traced_counterpart(name)
         if held is not MISSING:
             t.settled.add(name)

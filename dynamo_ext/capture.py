@@ -310,7 +310,7 @@ class Tracked:
     __slots__ = (
         "obj", "real", "data", "flatten_names", "entry", "entry_containers", "expected",
         "containers", "settled", "absent", "written", "assigned", "dict_complete", "_inner_ids", "plain_inner", "born", "on_read",
-        "slot_names",
+        "slot_names", "entry_version",
     )
 
     def __init__(self, obj: Any, real: Any, data: Any = None) -> None:
@@ -321,6 +321,8 @@ class Tracked:
         # See Note [State in __slots__]
         self.slot_names = _user_slot_names(type(obj)) - self.flatten_names
         self.entry = dict(user_state(obj_dict(obj)))
+        # the traced tensor's own version counter when tracking began (See version_delta)
+        self.entry_version = _raw_version(obj)
         self.entry_containers = {
             k: _snapshot(v) for k, v in self.entry.items() if isinstance(v, PLAIN_MUTABLE) and not contains_tensor(v)
         }
@@ -778,8 +780,10 @@ class Scope:
                 t.settled.add(name)
                 t.on_read(t, name)
             return get(t.obj, name)
-        if name == "_version" and t.plain_inner:
-            # what the version hooks answer when user code reads it (See _make_version_hooks)
+        if name == "_version":
+            # what the version hooks answer when user code reads it (See _make_version_hooks);
+            # a subclass's own counter alike (a cache keyed on ``self._version``, which an
+            # optimizer's in-place step moves on: replayed stale, an outside tester's find)
             return self.answer(self, t, name) if _called_from_user(3) else get(t.obj, name)
         if t.plain_inner and name not in obj_dict(t.real) and (
             name in obj_dict(t.obj) or class_attribute(type(t.obj), name) is not MISSING or not _called_from_user(3)
@@ -1688,6 +1692,22 @@ def _make_version_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]
         return _missing(obj, name)
 
     return {"_version": property(get_version), "__getattr__": __getattr__}
+
+
+_VERSION = torch._C.TensorBase.__dict__["_version"]
+
+
+def _raw_version(obj: Any) -> int | None:
+    """A tensor's version counter, read past any hook; None for what is not a tensor."""
+    return _VERSION.__get__(obj, type(obj)) if isinstance(obj, torch.Tensor) else None
+
+
+def version_delta(t: Tracked) -> int:
+    """How many in-place changes the traced code made to the tracked tensor so far: what eager's
+    counter moved on from the real one's since the call began (``w.add_(1)`` then a read of
+    ``w._version`` in the same function)."""
+    now = _raw_version(t.obj)
+    return now - t.entry_version if now is not None and t.entry_version is not None else 0
 
 
 def _missing(obj: Any, name: str) -> Any:

@@ -380,7 +380,7 @@ class FrameState:
             version = real._version
             if ref is not None and ref.source is not None:
                 guards.version(ref.source, version)
-            return version
+            return version + capture.version_delta(t)
         held = t.traced_counterpart(name)
         if held is not MISSING:
             t.settled.add(name)

@@ -1,0 +1,134 @@
+"""A cache keyed on a version counter: the subclass's own (``self._version``, moved on by an
+optimizer's in-place step between calls), or an inner tensor's after the compiled function
+changed it in place. The compiled program replayed the version it saw while traced (outputs
+and gradients wrong from the second call, where stock's were right: an outside tester's
+find). Each is read from the real tensor, plus the in-place changes made so far in the call,
+and guarded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._pytree import tree_map
+
+
+class KeyedOnItsVersion(torch.Tensor):
+    """A weight whose dispatch rebuilds a rounded copy when its own version moved on."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
+        r.elem, r.key, r.rebuilds = elem, None, 0
+        return r
+
+    def __init__(self, *args):
+        pass
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        return KeyedOnItsVersion(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func._schema.is_mutable:  # an optimizer's in-place step
+            func(args[0].elem, *tree_map(lambda t: t.elem if isinstance(t, cls) else t, args[1:]), **kwargs)
+            return args[0]
+        w = next(a for a in args if isinstance(a, cls))
+        if w.key != w._version:
+            w.cache = w.elem.half().float()
+            w.key = w._version
+            w.rebuilds += 1
+        return func(*tree_map(lambda t: t.cache if isinstance(t, cls) else t, args), **kwargs)
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_cache_keyed_on_the_subclass_own_version(backend, fullgraph):
+    def run(fn):
+        torch.manual_seed(0)
+        w = KeyedOnItsVersion(torch.randn(3, 3))
+        seen = []
+        for _ in range(3):
+            out = fn(torch.ones(2, 3), w)
+            seen.append((out.tolist(), w.key, w.rebuilds))
+            with torch.no_grad():
+                w.add_(1.0)
+        return seen
+
+    torch._dynamo.reset()
+    eager = run(lambda x, w: x @ w)
+    compiled = run(torch.compile(lambda x, w: x @ w, backend=backend, fullgraph=fullgraph))
+    assert compiled == eager
+
+
+class KeyedOnInnerVersions(torch.Tensor):
+    """An int8 weight caching its dequantized copy, keyed on its inner tensors' versions."""
+
+    @staticmethod
+    def __new__(cls, q, s):
+        r = torch.Tensor._make_wrapper_subclass(cls, q.shape, dtype=s.dtype)
+        r.q, r.s, r.cache, r.key, r.misses = q, s, None, None, 0
+        return r
+
+    def __init__(self, *args):
+        pass
+
+    def __tensor_flatten__(self):
+        return ["q", "s"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        return KeyedOnInnerVersions(inner["q"], inner["s"])
+
+    def dequantized(self):
+        key = (self.q._version, self.s._version)
+        if self.cache is None or self.key != key:
+            self.cache = self.q.to(self.s.dtype) * self.s
+            self.key = key
+            self.misses += 1
+        return self.cache
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        f = lambda t: t.dequantized() if isinstance(t, cls) else t  # noqa: E731
+        return func(*tree_map(f, args), **tree_map(f, kwargs or {}))
+
+
+def _int8():
+    torch.manual_seed(0)
+    w = torch.randn(3, 4)
+    s = w.abs().amax(1, keepdim=True) / 127
+    return KeyedOnInnerVersions(torch.round(w / s).to(torch.int8), s)
+
+
+def rescaled_between_two_uses(x, w, factor):
+    y1 = x @ w.t()
+    w.s.mul_(factor)
+    return y1, x @ w.t()
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_an_inner_version_read_after_the_function_changed_it_in_place(backend, fullgraph):
+    """Read after an in-place change in the same function, the version is the real one plus
+    that change. AOTAutograd's passes see it otherwise (refused as ``inconsistent_passes``,
+    eager under ``fullgraph=False``): never the stale key."""
+
+    def run(fn):
+        w = _int8()
+        try:
+            y1, y2 = fn(torch.ones(2, 4), w, torch.tensor(2.0))
+        except torch._dynamo.exc.BackendCompilerFailed as e:
+            assert "inconsistent_passes" in str(e), e
+            assert (w.key, w.misses) == (None, 0)
+            return "refused"
+        return y1.tolist(), y2.tolist(), w.key, w.misses
+
+    torch._dynamo.reset()
+    eager = run(rescaled_between_two_uses)
+    compiled = run(torch.compile(rescaled_between_two_uses, backend=backend, fullgraph=fullgraph))
+    assert compiled == eager or (compiled == "refused" and backend == "aot_eager" and fullgraph)
