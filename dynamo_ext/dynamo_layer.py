@@ -105,6 +105,7 @@ class FrameState:
         self.watch = free_state.ModuleWatch()  # module globals dispatch must leave alone
         self.watch.stored_names = self.collector.stored  # the names dispatch code sets, as found
         self._inference_guarded = False  # See Note [Inference mode while traced]
+        self._torch_flags_guarded = False  # See Note [torch's global flags dispatch reads]
         self.tensor_reads: dict[str, None] = {}  # real tensors dispatch code reaches outside the tensors
         self.stored: set[tuple[int, str]] = set()  # (object, attribute) written by residual bytecode
         # the sources of attributes dispatch wrote on objects the frame has sources for (See
@@ -682,6 +683,7 @@ class FrameState:
         if isinstance(value, types.ModuleType):
             self.watch.add_module_object(value)  # its attributes are globals too
             if value.__name__.split(".")[0] == "torch" or not isinstance(vars(value), dict):
+                self._guard_torch_flags(value)
                 return False  # torch's own modules are torch's state
             if value is os and names & {"getenv", "getenvb"}:
                 names = names | {"environ"}  # ``os.getenv("X")`` reads os.environ
@@ -843,6 +845,25 @@ class FrameState:
         # an attribute dispatch code sets on one by name is compared (``add_foreign``)
         self.watch.add_foreign(f"{owner}.{name}", value)
         return False
+
+    def _guard_torch_flags(self, module: Any) -> None:
+        """Note [torch's global flags dispatch reads]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        Dispatch code reaching torch may read its global numerics flags
+        (``torch.get_float32_matmul_precision()``, ``torch.backends.mkldnn.enabled``,
+        ``torch.backends.cudnn.allow_tf32``), which Dynamo's own global-state guard does not
+        all cover: a change between calls was replayed stale (an outside tester's find). Where
+        the code names one, the frame is guarded on all of them (``_torch_flags``)."""
+        if self._torch_flags_guarded or not (module is torch or module.__name__.startswith("torch.backends")):
+            return
+        if not (self.collector.names & _TORCH_FLAG_NAMES):
+            return
+        from torch._dynamo.source import GlobalSource
+
+        self._torch_flags_guarded = True
+        seen = _torch_flags()
+        holder = self.tx.output.install_global_by_id("__dynamo_ext_torch", torch)
+        guards.lambda_(GlobalSource(holder), lambda _: _torch_flags() == seen, f" flags {seen!r}")
 
     def _guard_defaults(self, source: Any, fn: Any, owner: str, name: str, depth: int) -> bool:
         """A user function's default arguments that are not constants (``def scaled(t,
@@ -1357,6 +1378,28 @@ class _Refused(BaseException):
 
     def __init__(self, kind: RefusalKind, t: Tracked, attr: str, value_type: str, context: str = "", hint: str = "") -> None:
         self.args_ = (kind, t, attr, value_type, context, hint)
+
+
+# names through which code reads torch's global numerics flags (See _guard_torch_flags)
+_TORCH_FLAG_NAMES = frozenset({
+    "get_float32_matmul_precision", "backends", "mkldnn", "cudnn", "allow_tf32", "allow_bf16_reduced_precision_reduction",
+    "allow_fp16_reduced_precision_reduction", "are_deterministic_algorithms_enabled", "get_default_dtype",
+    "is_deterministic_algorithms_warn_only_enabled",
+})
+
+
+def _torch_flags() -> tuple:
+    """torch's global numerics flags, as dispatch code may read them."""
+    b = torch.backends
+    cuda_matmul = getattr(getattr(b, "cuda", None), "matmul", None)
+    return (
+        torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(), torch.get_default_dtype(),
+        b.mkldnn.enabled, b.cudnn.enabled, b.cudnn.allow_tf32, b.cudnn.benchmark, b.cudnn.deterministic,
+        getattr(cuda_matmul, "allow_tf32", None) if cuda_matmul is not None else None,
+        getattr(cuda_matmul, "allow_fp16_reduced_precision_reduction", None) if cuda_matmul is not None else None,
+        getattr(cuda_matmul, "allow_bf16_reduced_precision_reduction", None) if cuda_matmul is not None else None,
+    )
 
 
 def _logger_state(logger: Any) -> tuple:

@@ -570,3 +570,41 @@ def test_a_user_iterator_dispatch_advances_is_tracked_not_refused(fullgraph):
     eager = run(lambda x, w: x @ w)
     compiled = run(torch.compile(lambda x, w: x @ w, backend="aot_eager", fullgraph=fullgraph))
     assert compiled == eager
+
+
+class ScalesByTorchFlag(WrapperTensor):
+    """Scales its matmul's result by whether mkldnn is enabled, a torch global flag."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        plain = [a.elem if isinstance(a, cls) else a for a in args]
+        out = func(*plain, **kwargs)
+        if func is torch.ops.aten.mm.default:
+            out = out * (2.0 if torch.backends.mkldnn.enabled else 1.0)
+        return out
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_torch_flag_dispatch_reads_takes_effect(backend, fullgraph):
+    """torch's global numerics flags dispatch reads (``torch.backends.mkldnn.enabled``,
+    ``torch.get_float32_matmul_precision()``), changed between calls through torch's own
+    context manager: the compiled program follows them (they were replayed stale)."""
+
+    def run(fn):
+        torch.manual_seed(0)
+        w = ScalesByTorchFlag(torch.randn(4, 4))
+        x = torch.randn(3, 4)
+        out = []
+        for enabled in (True, True, False, True):
+            with torch.backends.mkldnn.flags(enabled=enabled):
+                out.append(fn(x, w))
+        return out
+
+    torch._dynamo.reset()
+    eager = run(lambda x, w: x @ w)
+    compiled = run(torch.compile(lambda x, w: x @ w, backend=backend, fullgraph=fullgraph))
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b)
+    assert not torch.equal(eager[2], eager[1])
