@@ -780,6 +780,9 @@ class Scope:
                 t.settled.add(name)
                 t.on_read(t, name)
             return get(t.obj, name)
+        if name == "grad" and self.label == "dynamo" and not t.plain_inner and _called_from_user(3):
+            # See Note [A gradient dispatch reads] (dynamo_layer.py)
+            return self.answer(self, t, name)
         if name == "_version":
             # what the version hooks answer when user code reads it (See _make_version_hooks);
             # a subclass's own counter alike (a cache keyed on ``self._version``, which an

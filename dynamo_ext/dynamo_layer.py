@@ -382,6 +382,14 @@ class FrameState:
             if ref is not None and ref.source is not None:
                 guards.version(ref.source, version)
             return version + capture.version_delta(t)
+        if name == "grad":
+            # Note [A gradient dispatch reads]: the traced tensor has no gradient, the real
+            # one may (``self.had_grad = self.grad is not None`` was replayed as traced, unguarded:
+            # an outside tester's find). None is guarded; a gradient tensor is refused.
+            if real.grad is not None or ref is None or ref.source is None:
+                _refuse_read(t, "grad", real.grad, "dispatch reads the gradient of a traced tensor")
+            guards.lambda_(ref.source, lambda obj: obj.grad is None, ".grad is None")
+            return None
         held = t.traced_counterpart(name)
         if held is not MISSING:
             t.settled.add(name)

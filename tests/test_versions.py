@@ -132,3 +132,59 @@ def test_an_inner_version_read_after_the_function_changed_it_in_place(backend, f
     eager = run(rescaled_between_two_uses)
     compiled = run(torch.compile(rescaled_between_two_uses, backend=backend, fullgraph=fullgraph))
     assert compiled == eager or (compiled == "refused" and backend == "aot_eager" and fullgraph)
+
+
+class NotesItsGradient(KeyedOnItsVersion):
+    """A parameter whose dispatch notes whether it holds a gradient."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, requires_grad=True)
+        r.elem = elem
+        return r
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        return NotesItsGradient(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for a in args:
+            if isinstance(a, cls) and func is torch.ops.aten.mm.default:
+                a.had_grad = a.grad is not None
+        out = func(*tree_map(lambda t: t.elem if isinstance(t, cls) else t, args), **kwargs)
+        return cls(out) if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default) else out
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_dispatch_reading_whether_its_tensor_holds_a_gradient(backend, fullgraph):
+    """``self.grad is not None`` in dispatch: the traced tensor has none; a real gradient is
+    refused (it was replayed as traced, unguarded), its absence guarded."""
+
+    def run(fn):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(NotesItsGradient(torch.randn(4, 4)))
+        seen = []
+        for step in range(3):
+            if step == 2:
+                w.grad = None
+            try:
+                out = fn(torch.ones(2, 4), w)
+            except torch._dynamo.exc.Unsupported as e:
+                assert "unsupported_state_read" in str(e), e
+                seen.append(("refused", w.had_grad))
+                continue
+            if step == 0:
+                out.backward()
+            seen.append(w.had_grad)
+        return seen
+
+    torch._dynamo.reset()
+    eager = run(lambda x, w: (x @ w).sum())
+    compiled = run(torch.compile(lambda x, w: (x @ w).sum(), backend=backend, fullgraph=fullgraph))
+    if fullgraph:
+        assert compiled == [False, ("refused", False), False]
+    else:
+        assert compiled == eager == [False, True, False]
