@@ -533,13 +533,15 @@ class Planner:
         written = self.record.recorded.get(id(holder), {}) if isinstance(last, str) else {}
         if last in written and any(holder is obj for obj in self.record.shared_objects):
             raise SubclassWriteError(
-                RefusalKind.UNSUPPORTED_STATE_READ,
-                next((type(x).__name__ for x in self.real_inputs if _is_subclass(x)), "traced backward"),
-                r.where(), type(r.value).__name__,
+                RefusalKind.UNSUPPORTED_STATE_READ, self._subclass_name(), r.where(), type(r.value).__name__,
                 context="the traced backward reads an attribute the forward's dispatch sets on an object it "
                 "reaches through a global or closure: the compiled forward sets it again on every call, and the "
                 "compiled backward would read the value it was traced with",
             )
+
+    def _subclass_name(self) -> str:
+        """The class a refusal of the traced backward names: the first subclass input's."""
+        return next((type(x).__name__ for x in self.real_inputs if _is_subclass(x)), "traced backward")
 
     def open_late(self) -> None:
         """Note [Where the traced backward begins]
@@ -580,20 +582,11 @@ class Planner:
         """The joint function returns: AOTAutograd then compares each of its inputs with
         what it was given (``has_metadata_mutation``), so the backward's writes are taken
         and the instances put back now, before a grown flatten list reaches that check."""
+        written: list[free_state.GlobalChange] = []
         shared, self._shared_in_backward = self._shared_in_backward, None
         if shared is not None:
             block, written = shared
-            block.close()
-            if written:
-                self.close_late()
-                raise SubclassWriteError(
-                    RefusalKind.WRITE_IN_BACKWARD,
-                    next((type(r).__name__ for r in self.real_inputs if _is_subclass(r)), "traced backward"),
-                    f"{written[0].module}.{written[0].name}", "attribute of a shared object",
-                    context="the traced backward set attributes on an object dispatch reaches through a global or "
-                    "closure (" + ", ".join(f"{c.module}.{c.name}" for c in written) + "): the compiled backward "
-                    "cannot make that write again",
-                )
+            block.close()  # puts the shared objects back
         changed: list[tuple[Any, str]] = []
         if self._late_block is not None and self._late:
             late = self._late[-1]
@@ -601,6 +594,14 @@ class Planner:
             late.kept = late.settle()
             late.restore()
         self.close_late()
+        if written:
+            raise SubclassWriteError(
+                RefusalKind.WRITE_IN_BACKWARD, self._subclass_name(),
+                f"{written[0].module}.{written[0].name}", "attribute of a shared object",
+                context="the traced backward set attributes on an object dispatch reaches through a global or "
+                "closure (" + ", ".join(f"{c.module}.{c.name}" for c in written) + "): the compiled backward "
+                "cannot make that write again",
+            )
         if changed:
             t, name = changed[0]
             raise SubclassWriteError(

@@ -823,7 +823,7 @@ class FrameState:
             # A user object: its attribute reads are answered and guarded like a
             # registered ctx-state object's, which needs the op run again. Its class's
             # attributes are state too (an ``lru_cache`` on a method).
-            retry_class = self.watch.add_class(type(value)) if free_state.is_user_class(type(value)) else False
+            retry_class = self.watch.add_class(type(value))
             guards.guard(source, "ID_MATCH")
             if self.scope.lookup(value) is None:
                 try:
@@ -1404,9 +1404,9 @@ def _torch_flags() -> tuple:
         torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(), torch.get_default_dtype(),
         b.mkldnn.enabled, b.cudnn.enabled, b.cudnn.allow_tf32, b.cudnn.benchmark, b.cudnn.deterministic,
-        getattr(cuda_matmul, "allow_tf32", None) if cuda_matmul is not None else None,
-        getattr(cuda_matmul, "allow_fp16_reduced_precision_reduction", None) if cuda_matmul is not None else None,
-        getattr(cuda_matmul, "allow_bf16_reduced_precision_reduction", None) if cuda_matmul is not None else None,
+        getattr(cuda_matmul, "allow_tf32", None),
+        getattr(cuda_matmul, "allow_fp16_reduced_precision_reduction", None),
+        getattr(cuda_matmul, "allow_bf16_reduced_precision_reduction", None),
     )
 
 
@@ -1544,10 +1544,9 @@ def _result_tags(example: Any) -> dict[str, Any]:
 
     if type(example) is not FakeTensor:
         return {}
-    d = capture.obj_dict(example)
-    if len(d) <= len(_fake_tensor_keys()):
+    d, own = capture.obj_dict(example), _fake_tensor_keys()
+    if len(d) <= len(own):
         return {}
-    own = _fake_tensor_keys()
     return {k: v for k, v in d.items() if k not in own and not is_torch_internal(k)}
 
 

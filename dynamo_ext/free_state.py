@@ -1198,26 +1198,22 @@ _ABSENT = object()
 
 
 def _stateful_types() -> tuple[type, ...]:
-    import collections
-    import itertools
     import random
 
-    return (collections.deque, itertools.count, random.Random)
+    return (itertools.count, random.Random)
 
 
-STATEFUL = _stateful_types()  # module globals whose state their own methods change
+# module globals whose state their own methods change and no container walk sees (a module-level
+# ``deque`` is one of the containers, ``_CONTAINERS``)
+STATEFUL = _stateful_types()
 
 
 def _inner_state(value: Any) -> Any:
-    """What a stateful global holds: a deque's items, a counter's position (``next(ids)``),
-    a generator instance's state."""
+    """What a stateful global holds: a counter's position (``next(ids)``), a generator
+    instance's state."""
     import random
 
-    if isinstance(value, random.Random):
-        return value.getstate()
-    if type(value).__name__ == "count":
-        return repr(value)
-    return tuple(value)
+    return value.getstate() if isinstance(value, random.Random) else repr(value)
 
 
 def _set_inner_state(ns: dict, key: str, value: Any, state: Any) -> None:
@@ -1229,12 +1225,9 @@ def _set_inner_state(ns: dict, key: str, value: Any, state: Any) -> None:
 
     if isinstance(value, random.Random):
         value.setstate(state)
-    elif type(value) is itertools.count:
+    else:
         args = ast.literal_eval(state[len("count") :])  # "count(5)" / "count(5, 2)"
         ns[key] = itertools.count(*args) if isinstance(args, tuple) else itertools.count(args)
-    else:
-        value.clear()
-        value.extend(state)
 
 
 def _environ_now() -> dict:
