@@ -167,18 +167,37 @@ CASES = {
 }
 
 
-class ReachesGlobalState(WrapperTensor):
-    """A weight whose matmul runs one of ``CASES`` with the batch's row count."""
+class OnMatmul(WrapperTensor):
+    """A weight whose dispatch runs ``before_mm(w, func, rows)`` before each ``x @ w`` and
+    hands its result through ``after_mm``."""
 
-    case = "vars_of_a_global_object"
+    @classmethod
+    def before_mm(cls, w, func, rows):
+        pass
+
+    @classmethod
+    def after_mm(cls, out):
+        return out
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         plain = [a.elem if isinstance(a, cls) else a for a in args]
-        if func is torch.ops.aten.mm.default and isinstance(args[1], cls):
-            CASES[cls.case][0](args[1], func, plain[0].shape[0])
-        return func(*plain, **kwargs)
+        mm = func is torch.ops.aten.mm.default and isinstance(args[1], cls)
+        if mm:
+            cls.before_mm(args[1], func, plain[0].shape[0])
+        out = func(*plain, **kwargs)
+        return cls.after_mm(out) if mm else out
+
+
+class ReachesGlobalState(OnMatmul):
+    """A weight whose matmul runs one of ``CASES`` with the batch's row count."""
+
+    case = "vars_of_a_global_object"
+
+    @classmethod
+    def before_mm(cls, w, func, rows):
+        CASES[cls.case][0](w, func, rows)
 
 
 @pytest.fixture(autouse=True)
@@ -251,19 +270,14 @@ def test_a_method_cache_hit_while_traced_is_statistics_only():
 _TABLES: dict = {}
 
 
-class CountsInATableAddedLater(WrapperTensor):
+class CountsInATableAddedLater(OnMatmul):
     """Counts its matmuls by row count in ``_TABLES["mm"]``, once eager code made that table."""
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        plain = [a.elem if isinstance(a, cls) else a for a in args]
-        if func is torch.ops.aten.mm.default:
-            table = _TABLES.get("mm")
-            if table is not None:
-                n = plain[0].shape[0]
-                table[n] = table.get(n, 0) + 1
-        return func(*plain, **kwargs)
+    def before_mm(cls, w, func, rows):
+        table = _TABLES.get("mm")
+        if table is not None:
+            table[rows] = table.get(rows, 0) + 1
 
 
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
@@ -384,16 +398,12 @@ def _weakref_count(w, func, n):
     _METER_REF().fwd += 1
 
 
-class CountsOnAnObjectHeldOtherwise(WrapperTensor):
+class CountsOnAnObjectHeldOtherwise(OnMatmul):
     count = staticmethod(_slots_count)
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        plain = [a.elem if isinstance(a, cls) else a for a in args]
-        if func is torch.ops.aten.mm.default:
-            cls.count(args[1], func, plain[0].shape[0])
-        return func(*plain, **kwargs)
+    def before_mm(cls, w, func, rows):
+        cls.count(w, func, rows)
 
 
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
@@ -486,19 +496,14 @@ SETTERS = {
 }
 
 
-class ScalesByConfig(WrapperTensor):
+class ScalesByConfig(OnMatmul):
     """Multiplies its matmul's result by a config value read one of ``READ_PATHS``' ways."""
 
     path = "globals_item"
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        plain = [a.elem if isinstance(a, cls) else a for a in args]
-        out = func(*plain, **kwargs)
-        if func is torch.ops.aten.mm.default:
-            out = out * READ_PATHS[cls.path]()
-        return out
+    def after_mm(cls, out):
+        return out * READ_PATHS[cls.path]()
 
 
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
@@ -546,14 +551,10 @@ class _Schedule:
 _SCHEDULE = _Schedule()
 
 
-class TakesItsRateFromASchedule(WrapperTensor):
+class TakesItsRateFromASchedule(OnMatmul):
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        plain = [a.elem if isinstance(a, cls) else a for a in args]
-        if func is torch.ops.aten.mm.default:
-            args[1].rate = next(_SCHEDULE)
-        return func(*plain, **kwargs)
+    def before_mm(cls, w, func, rows):
+        w.rate = next(_SCHEDULE)
 
 
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
@@ -572,17 +573,12 @@ def test_a_user_iterator_dispatch_advances_is_tracked_not_refused(fullgraph):
     assert compiled == eager
 
 
-class ScalesByTorchFlag(WrapperTensor):
+class ScalesByTorchFlag(OnMatmul):
     """Scales its matmul's result by whether mkldnn is enabled, a torch global flag."""
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        plain = [a.elem if isinstance(a, cls) else a for a in args]
-        out = func(*plain, **kwargs)
-        if func is torch.ops.aten.mm.default:
-            out = out * (2.0 if torch.backends.mkldnn.enabled else 1.0)
-        return out
+    def after_mm(cls, out):
+        return out * (2.0 if torch.backends.mkldnn.enabled else 1.0)
 
 
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
