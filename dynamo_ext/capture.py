@@ -310,7 +310,7 @@ class Tracked:
     __slots__ = (
         "obj", "real", "data", "flatten_names", "entry", "entry_containers", "expected",
         "containers", "settled", "absent", "written", "assigned", "dict_complete", "_inner_ids", "plain_inner", "born", "on_read",
-        "slot_names", "entry_version",
+        "slot_names", "entry_version", "pending",
     )
 
     def __init__(self, obj: Any, real: Any, data: Any = None) -> None:
@@ -343,6 +343,9 @@ class Tracked:
         # An object that stands for no real one yet (an incoming gradient of the traced
         # backward): called with (tracked, name) at the first read of a name, it may refuse.
         self.on_read: Callable[[Tracked, str], None] | None = None
+        # Names the traced program's own code set since the trace last wrote them (Dynamo
+        # holds those writes pending): a read by dispatch goes to ``Scope.on_pending``.
+        self.pending: set[str] = set()
 
     def traced_counterpart(self, name: str) -> Any:
         """The traced object's own value of ``name`` if fakification made it from the real
@@ -658,6 +661,9 @@ class Scope:
         #: trace (the traced backward's: the forward's outputs), whose writes are noted in
         #: ``reachable_writes`` (See Note [A write in the backward on an output])
         self.reachable: dict[int, tuple[Any, str]] = {}
+        #: Called with (tracked, name) where user code reads a name in ``Tracked.pending`` (or
+        #: the whole ``__dict__``): the layer refuses the read.
+        self.on_pending: Callable[[Tracked, str], None] | None = None
         self.reachable_writes: list[tuple[Any, str, str]] = []
         #: Noted where call_nodes is (See Note [A count on a tensor the backward made] in
         #: partial_backward.py): the outermost dispatch calls so far; each change a call made
@@ -744,6 +750,8 @@ class Scope:
     # -- what the hooks call ------------------------------------------------
 
     def read(self, t: Tracked, name: str, get: Callable[[Any, str], Any]) -> Any:
+        if t.pending and (name in t.pending or name == "__dict__") and self.on_pending is not None and _called_from_user(3):
+            self.on_pending(t, name)
         if (
             name in t.slot_names and t.real is not None and not t.plain_inner
             and _called_from_user(3) and not _in_flatten()
@@ -848,6 +856,7 @@ class Scope:
         self.catch_up()  # what went through an instance dict before this write, first
         old = obj_dict(t.obj).get(name, MISSING)
         self.events.append(Write(t, name, value, old))
+        t.pending.discard(name)
         t.written.add(name)
         t.settled.add(name)
         t.absent.discard(name)
@@ -858,6 +867,7 @@ class Scope:
         self.catch_up()
         old = obj_dict(t.obj).get(name, MISSING)
         self.events.append(Write(t, name, MISSING, old))
+        t.pending.discard(name)
         t.written.add(name)
         t.settled.add(name)
         t.absent.add(name)

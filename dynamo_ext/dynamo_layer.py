@@ -107,11 +107,22 @@ class FrameState:
         self._inference_guarded = False  # See Note [Inference mode while traced]
         self._torch_flags_guarded = False  # See Note [torch's global flags dispatch reads]
         self.tensor_reads: dict[str, None] = {}  # real tensors dispatch code reaches outside the tensors
-        self.stored: set[tuple[int, str]] = set()  # (object, attribute) written by residual bytecode
+        # (object, attribute) written by residual bytecode -> the value's variable stored
+        self.stored: dict[tuple[int, str], Any] = {}
+        # (id(variable), name) -> (variable, value's variable): the writes in Dynamo's side
+        # effects that dispatch made, and those of the program's own code already seen (See
+        # Note [A write the program makes between two ops])
+        self._ours: dict[tuple[int, str], tuple[Any, Any]] = {}
+        self._seen_writes: dict[tuple[int, str], tuple[Any, Any]] = {}
+        # what dispatch read through globals and closure variables, to check before each op
+        # (See Note [A write the program makes between two ops])
+        self._free_globals: list[free_state.FreeRead] = []
+        self._free_values: dict[int, tuple[str, str, Any]] = {}
         # the sources of attributes dispatch wrote on objects the frame has sources for (See
         # Note [Values read before dispatch wrote them])
         self.written_sources: set[Any] = set()
         self.scope.on_access = self._on_access
+        self.scope.on_pending = self._refuse_program_write
         #: whether traced code touched a tracked object since last cleared (See Note
         #: [Dispatch an op runs on tensors it is not given])
         self.touched = False
@@ -589,6 +600,8 @@ class FrameState:
             if r.cell is None and (r.module, r.name) in stored_globals:
                 self._refuse_changed(r.module or "", r.name, "assigned")
             if r.cell is None:
+                self._free_globals.append(r)
+            if r.cell is None:
                 if not isinstance(r.value, types.ModuleType):
                     self.watch.add(r.module)
                 source = AttrSource(self.tx.import_source(r.module), r.name)
@@ -687,6 +700,7 @@ class FrameState:
             changed = self._written_by_program(value)
             if changed:  # ``CFG.margin = 3`` / ``TABLE[k] = v`` in the compiled function, then the op
                 self._refuse_changed(owner, name, sorted(changed)[0])
+            self._free_values.setdefault(id(value), (owner, name, value))
         names = uses.names(self.collector.names)
         if isinstance(value, types.ModuleType):
             self.watch.add_module_object(value)  # its attributes are globals too
@@ -1016,7 +1030,7 @@ class FrameState:
                     vt = self._target_vt(t, ref)
                     pending = tx.output.side_effects.store_attr_mutations.get(vt, {}) if vt is not None else {}
                     pending.pop(w.name, None)
-                    self.stored.discard((id(t.obj), w.name))
+                    del self.stored[(id(t.obj), w.name)]
                 continue
             kind = classify(w.value)
             marker = w.value if kind is ValueKind.CONSTANT else GRAPH_VALUE
@@ -1056,9 +1070,10 @@ class FrameState:
             where = ref.source.name if ref.source is not None else f"<intermediate {t.cls_name}>"
             log.debug("write recorded: %s.%s <- %s", where, w.name, type(w.value).__name__)
             tx.output.side_effects.store_attr(vt, w.name, value_vt)
+            self.note_stored(vt, w.name, value_vt)
             if ref.path and ref.source is not None:
                 self.nested_writes.setdefault(id(vt), (vt, set()))[1].add(w.name)
-            self.stored.add((id(t.obj), w.name))
+            self.stored[(id(t.obj), w.name)] = value_vt
             if ref.source is not None:
                 from torch._dynamo.source import AttrSource
 
@@ -1073,6 +1088,71 @@ class FrameState:
             if t.real is not None:
                 self.record.recorded.setdefault(id(t.real), {})[w.name] = marker
 
+    def note_stored(self, vt: Any, name: str, value_vt: Any) -> None:
+        """A write of dispatch's went into Dynamo's side effects."""
+        self._ours[(id(vt), name)] = (vt, value_vt)
+
+    def mark_program_writes(self) -> None:
+        """Note [A write the program makes between two ops]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        Code of the compiled function may set an attribute of an object dispatch already
+        read or wrote in this frame (``y = x * w; w.mult = 3; y + w``, or ``w.n = w.n * 5``
+        between two ops bumping ``n``; a global config object's field alike). Dynamo holds the
+        write pending until after the graph, while the traced object keeps the value the
+        earlier op settled: the next op would read the old value (an outside tester's find:
+        silently wrong outputs and counts, under every backend). Before each op the writes in
+        Dynamo's side effects that are not dispatch's and not seen yet are found, and their
+        names marked pending on the tracked objects they are on: dispatch reading one is
+        refused (``unsupported_state_read``) as a read of such a write is on an object no op
+        touched before (``_refuse_pending``); dispatch writing one first takes it back."""
+        se = self.tx.output.side_effects
+        found: list[tuple[Any, str]] = []
+        for vt, names in se.store_attr_mutations.items():
+            for name, value_vt in names.items():
+                key = (id(vt), name)
+                if self._ours.get(key, (None, None))[1] is value_vt:
+                    continue
+                seen = self._seen_writes.get(key)
+                if seen is not None and seen[1] is value_vt:
+                    continue
+                self._seen_writes[key] = (vt, value_vt)
+                found.append((vt, name))
+        if not found:
+            return
+        for t in self.scope.tracked.values():
+            ref = t.data
+            if not isinstance(ref, Ref):
+                continue
+            for vt, name in found:
+                if ref.vt is vt or (
+                    ref.source is not None and getattr(vt, "source", None) is not None and ref.source == vt.source
+                ) or (t.real is not None and se.id_to_variable.get(id(t.real)) is vt):
+                    t.pending.add(name)
+
+    def refuse_free_state_the_program_changed(self) -> None:
+        """See Note [A write the program makes between two ops]: a global or closure value
+        an earlier op's dispatch read (guarded once, when its code first ran), changed since
+        by the compiled function's own code (``CFG.mult = 3``, ``TABLE[k] = v``, ``global
+        MULT; MULT = 3``). Checked before each op a subclass takes part in, whether or not
+        its dispatch reads it again (the reads of code already followed are not noted again)."""
+        if self._free_globals:
+            stored = self._stored_globals()
+            for r in self._free_globals if stored else ():
+                if (r.module, r.name) in stored:
+                    self._refuse_changed(r.module or "", r.name, "assigned")
+        for owner, name, value in self._free_values.values():
+            changed = self._written_by_program(value)
+            if changed:
+                self._refuse_changed(owner, name, sorted(changed)[0])
+
+    def _refuse_program_write(self, t: Tracked, name: str) -> None:
+        """See Note [A write the program makes between two ops]."""
+        asked = None if name == "__dict__" else name
+        if t.real is None:
+            self._refuse_pending(t, t.obj, t.data, asked, "on this tensor, which it made, ")
+        else:
+            self._refuse_pending(t, t.real, t.data, asked, "")
+
     def _written_by_program(self, value: Any, ref: Ref | None = None, t: Tracked | None = None) -> set[str]:
         """The attributes (or ``{"[]"}`` for a container's items) of ``value`` the user's
         code set in this frame before now, as Dynamo's side effects hold them pending (not
@@ -1086,7 +1166,12 @@ class FrameState:
         if vt is None:
             return set()
         obj_id = id(t.obj) if t is not None else id(value)
-        changed = {n for n in se.store_attr_mutations.get(vt, {}) if (obj_id, n) not in self.stored and (id(value), n) not in self.stored}
+        # a name dispatch wrote is the program's again where its code stored another value
+        # since (``w.n = w.n * 5`` between two ops bumping ``n``)
+        changed = {
+            n for n, v in se.store_attr_mutations.get(vt, {}).items()
+            if self.stored.get((obj_id, n)) is not v and self.stored.get((id(value), n)) is not v
+        }
         if not changed and type(value) in (dict, list) and se.is_modified(vt):
             changed = {"[]"}
         return changed
@@ -1225,7 +1310,7 @@ def _pending_symbols_aside(tx: Any) -> Iterator[None]:
         pending[:0] = aside
 
 
-def _is_sibling_alias(t: Tracked, w: Write, stored: set) -> bool:
+def _is_sibling_alias(t: Tracked, w: Write, stored: dict) -> bool:
     """``w`` puts one of ``t``'s flattened inner tensors under a second name (flattened or
     not: ``self.a = self.elem``), or a tensor another attribute holds that this frame's
     residual bytecode does not write (one its constructor set: ``self.seen = self.a``)."""
@@ -1578,7 +1663,9 @@ def _record_result_tags(tx: Any, vt: Any, example: Any) -> None:
         return
     for name, value in tags.items():
         if classify(value) is ValueKind.CONSTANT and not tx.output.side_effects.has_pending_mutation_of_attr(vt, name):
-            tx.output.side_effects.store_attr(vt, name, _constant_vt(tx, value))
+            value_vt = _constant_vt(tx, value)
+            tx.output.side_effects.store_attr(vt, name, value_vt)
+            tx.output.__dict__[_STATE_KEY].note_stored(vt, name, value_vt)
 
 
 def _refuse_result_tag_read(vt: Any, tx: Any, name: str) -> None:
@@ -1977,8 +2064,10 @@ def _propagate(
             state.watch.add_class(type(t.obj))
             if state.collector.writes_attributes:
                 _dispatch_runs_eagerly(type(t.obj))
+        state.mark_program_writes()
         if tracked:
             try:
+                state.refuse_free_state_the_program_changed()
                 state.guard_free_reads()  # objects the classes' code reaches are tracked before it runs
             except _Refused as bad:
                 _graph_break(*bad.args_)
