@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_map
 
+from dynamo_ext.testing import WrapperTensor
 from harness import assert_same_state, leaked_fakes
 
 CFG = types.SimpleNamespace(mult=1)
@@ -32,25 +33,11 @@ def _globals():
     return (CFG.mult, dict(TABLE), MULT)
 
 
-class Knob(torch.Tensor):
+class Knob(WrapperTensor):
     """Multiplies each result by a knob it reads (``READ`` says where from), counts its calls
     and logs the knob it saw."""
 
     READ = "attr"
-
-    @staticmethod
-    def __new__(cls, elem, **attrs):
-        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
-        r.elem = elem
-        r.__dict__.update(attrs)
-        return r
-
-    def __tensor_flatten__(self):
-        return ["elem"], None
-
-    @classmethod
-    def __tensor_unflatten__(cls, inner, ctx, size, stride):
-        return cls(inner["elem"])
 
     @classmethod
     def __torch_dispatch__(cls, func, types_, args=(), kwargs=None):
