@@ -360,6 +360,12 @@ class FrameState:
         """Refuse a read (``asked``; None: the whole dict) of an attribute the compiled
         function set on ``value`` before this op, which Dynamo holds pending."""
         changed = self._written_by_program(value, ref, t)
+        if asked is not None and asked not in changed and value is not None:
+            # a container or object the attribute holds, changed by the program's code
+            # (``x.hooks.append(h)``, ``x.cfg["scale"] = k``, then the op)
+            held = capture.obj_dict(value).get(asked, MISSING)
+            if held is not MISSING and self._changed_by_program(held):
+                changed = changed | {asked}
         if changed and (asked is None or asked in changed):
             _refuse(
                 RefusalKind.UNSUPPORTED_STATE_READ, t, asked or sorted(changed)[0], "pending write",
@@ -1117,6 +1123,12 @@ class FrameState:
                     continue
                 self._seen_writes[key] = (vt, value_vt)
                 found.append((vt, name))
+        for t in self.scope.tracked.values():
+            for name, (held, _) in t.containers.items():
+                if t.real is not None:  # the real object's (the traced one holds what it was answered)
+                    held = capture.obj_dict(t.real).get(name, held)
+                if name not in t.pending and self._changed_by_program(held):
+                    t.pending.add(name)
         if not found:
             return
         for t in self.scope.tracked.values():
@@ -1144,6 +1156,15 @@ class FrameState:
             changed = self._written_by_program(value)
             if changed:
                 self._refuse_changed(owner, name, sorted(changed)[0])
+
+    def _changed_by_program(self, held: Any) -> bool:
+        """A container or object the program's code changed in this frame (Dynamo holds the
+        change pending)."""
+        if is_immutable_constant(held) or isinstance(held, torch.Tensor):
+            return False
+        se = self.tx.output.side_effects
+        vt = se.id_to_variable.get(id(held))
+        return vt is not None and se.is_modified(vt)
 
     def _refuse_program_write(self, t: Tracked, name: str) -> None:
         """See Note [A write the program makes between two ops]."""

@@ -8,6 +8,7 @@ under ``fullgraph=False``."""
 
 from __future__ import annotations
 
+import copy
 import types
 
 import pytest
@@ -65,6 +66,10 @@ class Knob(WrapperTensor):
             return self.__dict__.get("mult", 1)
         if read == "config":
             return CFG.mult
+        if read == "hooks":
+            return 1 + len(self.hooks)
+        if read == "cfgdict":
+            return self.cfg["mult"]
         if read == "object":
             return OBJ.mult
         if read == "table":
@@ -97,6 +102,23 @@ def knob_deleted(x, w):
 def tensor_set(x, w):
     y = x * w
     w.scale = torch.full((3,), 3.0)
+    return y + w
+
+
+def list_appended(x, w):
+    y = x * w
+    w.hooks.append("h")
+    return y + w
+
+
+def list_appended_first(x, w):
+    w.hooks.append("h")
+    return x * w
+
+
+def dict_item_set(x, w):
+    y = x * w
+    w.cfg["mult"] = 3
     return y + w
 
 
@@ -139,6 +161,9 @@ CASES = [
     (count_scaled, "attr", {"n": 0}),
     (knob_deleted, "attr", {"mult": 2}),
     (tensor_set, "scale", {"scale": torch.full((3,), 2.0)}),
+    (list_appended, "hooks", {"hooks": []}),
+    (list_appended_first, "hooks", {"hooks": []}),
+    (dict_item_set, "cfgdict", {"cfg": {"mult": 1}}),
     (config_set, "config", {}),
     (object_set, "object", {}),
     (table_set, "table", {}),
@@ -154,7 +179,7 @@ def _case_id(case):
 
 def _inputs(read, attrs):
     cls = type(f"Knob_{read}", (Knob,), {"READ": read})
-    attrs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in attrs.items()}
+    attrs = {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in attrs.items()}
     return torch.ones(3), cls(torch.ones(3), **{"n": 0, "seen": (), **attrs})
 
 
