@@ -236,10 +236,19 @@ class FrameState:
             return [], {}
         output = self.tx.output
         found: dict[Any, None] = {}
+        written = set(self.written_sources)
+        for obj_id, name in self.stored:
+            # an object dispatch wrote on that the program reached another way (a registered
+            # ctx-state object through a global or closure: ``c0 = STATS.count`` before the op)
+            held = output.side_effects.id_to_variable.get(obj_id)
+            if getattr(held, "source", None) is not None:
+                from torch._dynamo.source import AttrSource
+
+                written.add(AttrSource(held.source, name))
 
         def visit(vt: Any) -> None:
             source = getattr(vt, "source", None)
-            if source is not None and source in self.written_sources:
+            if source is not None and source in written:
                 found[source] = None
 
         stored = [v for names in output.side_effects.store_attr_mutations.values() for v in names.values()]

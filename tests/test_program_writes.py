@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_map
 
+import dynamo_ext
 from dynamo_ext.testing import WrapperTensor
 from harness import assert_same_state, leaked_fakes
 
@@ -228,3 +229,54 @@ def test_a_write_of_the_program_between_two_ops_is_read_as_in_eager_or_refused(c
     assert_same_state(w_e, w_c, "input")
     assert compiled_globals == eager_globals
     assert not leaked_fakes(w_c)
+
+
+class Stats:
+    """A registered ctx-state object (compared by value, as Dynamo's ctx guard needs)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __eq__(self, other):
+        return isinstance(other, Stats) and other.count == self.count
+
+    def __hash__(self):
+        return 0
+
+
+dynamo_ext.register_ctx_state(Stats)
+
+
+class CountsInStats(WrapperTensor):
+    """Bumps the ``Stats`` its ctx holds on every op."""
+
+    CTX = ("stats",)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types_, args=(), kwargs=None):
+        args[0].stats.count += 1
+        unwrap = lambda t: t.elem if isinstance(t, CountsInStats) else t  # noqa: E731
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_ctx_state_object_read_another_way_before_the_op_bumps_it(backend, fullgraph):
+    """The program reads the count through a closure before the op (``c0 = st.count``): under
+    ``backend="eager"`` the residual load ran after the graph, which runs dispatch, and gave
+    the bumped count (an outside tester's find)."""
+
+    def run(compile_it):
+        st = Stats()
+        w = CountsInStats(torch.ones(2), stats=st)
+
+        def fn(w):
+            c0 = st.count
+            y = w * 2
+            return y, c0, st.count
+
+        f = torch.compile(fn, backend=backend, fullgraph=fullgraph) if compile_it else fn
+        return [f(w)[1:] for _ in range(3)], st.count
+
+    torch._dynamo.reset()
+    assert run(True) == run(False) == ([(0, 1), (1, 2), (2, 3)], 3)
