@@ -229,7 +229,7 @@ class FrameState:
         codegen loads it from there (``overridden_sources``, as Dynamo does for stolen lists).
         Returns the instructions and the overrides."""
         from torch._dynamo.codegen import PyCodegen
-        from torch._dynamo.source import LocalSource
+        from torch._dynamo.source import AttrSource, LocalSource
         from torch._dynamo.variables.base import VariableTracker
 
         if not self.written_sources:
@@ -242,8 +242,6 @@ class FrameState:
             # ctx-state object through a global or closure: ``c0 = STATS.count`` before the op)
             held = output.side_effects.id_to_variable.get(obj_id)
             if getattr(held, "source", None) is not None:
-                from torch._dynamo.source import AttrSource
-
                 written.add(AttrSource(held.source, name))
 
         def visit(vt: Any) -> None:
@@ -616,7 +614,6 @@ class FrameState:
                 self._refuse_changed(r.module or "", r.name, "assigned")
             if r.cell is None:
                 self._free_globals.append(r)
-            if r.cell is None:
                 if not isinstance(r.value, types.ModuleType):
                     self.watch.add(r.module)
                 source = AttrSource(self.tx.import_source(r.module), r.name)
@@ -1119,7 +1116,9 @@ class FrameState:
         Dynamo's side effects that are not dispatch's and not seen yet are found, and their
         names marked pending on the tracked objects they are on: dispatch reading one is
         refused (``unsupported_state_read``) as a read of such a write is on an object no op
-        touched before (``_refuse_pending``); dispatch writing one first takes it back."""
+        touched before (``_refuse_pending``); dispatch writing one first takes it back. A list,
+        dict or object an attribute holds that the program changed (Dynamo's side effects hold
+        it modified: ``x.hooks.append(h)``) counts as a write of the attribute."""
         se = self.tx.output.side_effects
         found: list[tuple[Any, str]] = []
         for vt, names in se.store_attr_mutations.items():
@@ -1168,12 +1167,10 @@ class FrameState:
 
     def _changed_by_program(self, held: Any) -> bool:
         """A container or object the program's code changed in this frame (Dynamo holds the
-        change pending)."""
+        change pending; not dispatch's own writes on a ctx-state object)."""
         if is_immutable_constant(held) or isinstance(held, torch.Tensor):
             return False
-        se = self.tx.output.side_effects
-        vt = se.id_to_variable.get(id(held))
-        return vt is not None and se.is_modified(vt)
+        return bool(self._written_by_program(held))
 
     def _refuse_program_write(self, t: Tracked, name: str) -> None:
         """See Note [A write the program makes between two ops]."""
