@@ -1155,11 +1155,10 @@ class FrameState:
         by the compiled function's own code (``CFG.mult = 3``, ``TABLE[k] = v``, ``global
         MULT; MULT = 3``). Checked before each op a subclass takes part in, whether or not
         its dispatch reads it again (the reads of code already followed are not noted again)."""
-        if self._free_globals:
-            stored = self._stored_globals()
-            for r in self._free_globals if stored else ():
-                if (r.module, r.name) in stored:
-                    self._refuse_changed(r.module or "", r.name, "assigned")
+        stored = self._stored_globals() if self._free_globals else set()
+        for r in self._free_globals:
+            if (r.module, r.name) in stored:
+                self._refuse_changed(r.module or "", r.name, "assigned")
         for owner, name, value in self._free_values.values():
             changed = self._written_by_program(value)
             if changed:
@@ -1175,10 +1174,8 @@ class FrameState:
     def _refuse_program_write(self, t: Tracked, name: str) -> None:
         """See Note [A write the program makes between two ops]."""
         asked = None if name == "__dict__" else name
-        if t.real is None:
-            self._refuse_pending(t, t.obj, t.data, asked, "on this tensor, which it made, ")
-        else:
-            self._refuse_pending(t, t.real, t.data, asked, "")
+        made = t.real is None  # a tensor the frame made: its own state is the traced object's
+        self._refuse_pending(t, t.obj if made else t.real, t.data, asked, "on this tensor, which it made, " if made else "")
 
     def _written_by_program(self, value: Any, ref: Ref | None = None, t: Tracked | None = None) -> set[str]:
         """The attributes (or ``{"[]"}`` for a container's items) of ``value`` the user's
