@@ -53,6 +53,7 @@ import types
 from typing import Any, Callable, Iterator, Protocol
 
 import torch
+import torch.utils._python_dispatch
 
 from . import _patches, counters, free_state
 from .values import (
@@ -671,6 +672,10 @@ class Scope:
         self.call_serial = 0
         self.operand_changes: list[OperandChange] = []
         self.changes_of: dict[int, list[int]] = {}
+        #: storage key -> (object, name): the plain tensors a tracked object's attributes held
+        #: that dispatch changed in place (See Note [An inner tensor dispatch changes in
+        #: place]); None: not noted.
+        self.changed_in_place: dict[int, tuple[Any, str]] | None = None
 
     def operands_handed(self, operands: dict[int, tuple[Any, dict]]) -> list[int]:
         """A dispatch call was handed these objects: the changes an earlier call made on them,
@@ -1140,7 +1145,7 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
             # See Note [A count reaching a tensor op] in counters.py
             pins = counters.PinsCountedArguments() if scope is not None and scope.label == "backward" else _NO_PINS
             try:
-                with pins:
+                with pins, _watch_in_place(scope, args, kwargs):
                     return dispatch.__get__(None, klass)(func, types, args, kwargs)
             except Exception as exc:
                 if scope is not None:
@@ -1212,6 +1217,71 @@ def _operands(args: Any) -> dict[int, tuple[Any, dict]]:
 # under ``fullgraph=False``), since the traced branch may not be eager's.
 
 _NO_PINS = contextlib.nullcontext()
+
+
+# Note [An inner tensor dispatch changes in place]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Dispatch may change a tensor an attribute holds in place (``self.n.add_(1)``, a float8
+# weight's ``hist[0] = amax``), with no write to record. Within the subclass that is right:
+# AOTAutograd sees the change as one on the input's inner tensor. But when the compiled
+# function reads that tensor itself after the op (``x.n + 0``, the module buffer that is also
+# the weight's history), Dynamo made it a graph input of its own, which the compiled graph
+# reads before the op's change: the AOT backends gave the value from before it, silently
+# (an outside tester's find; the state after the call was right). Its version counter does
+# not tell: changes below autograd do not move it, in eager too. So while Dynamo propagates
+# an op, a dispatch mode inside each dispatch call sees the ops that change a tensor in
+# place, and notes those on the storage of a plain tensor the call's operands held; the
+# Dynamo layer refuses a later op of the compiled function handed a tensor on such a storage.
+
+
+def _watch_in_place(scope: Scope | None, args: Any, kwargs: Any) -> Any:
+    """A dispatch mode noting the in-place changes of the plain tensors the operands' attributes
+    hold (See Note [An inner tensor dispatch changes in place]), or nothing to do."""
+    if scope is None or scope.changed_in_place is None:
+        return _NO_PINS
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    held: dict[int, tuple[Any, str]] = {}
+    for obj, d in _operands((args, kwargs)).values():
+        for name, value in d.items():
+            if isinstance(value, torch.Tensor) and not is_traceable_wrapper_subclass(value):
+                key = storage_key(value)
+                if key is not None:
+                    held.setdefault(key, (obj, name))
+    return _InPlaceWatch(scope.changed_in_place, held) if held else _NO_PINS
+
+
+def storage_key(t: torch.Tensor) -> int | None:
+    """What tells tensors on one storage apart from others (None: a tensor with no storage)."""
+    try:
+        return t.untyped_storage()._cdata
+    except Exception:  # noqa: BLE001 - no storage (a wrapper subclass, a sparse tensor)
+        return None
+
+
+class _InPlaceWatch(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self, changed: dict[int, tuple[Any, str]], held: dict[int, tuple[Any, str]]) -> None:
+        super().__init__()
+        self.changed = changed
+        self.held = held
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        schema = getattr(func, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            import torch.utils._pytree as pytree
+
+            positional = [a for a in schema.arguments if not a.kwarg_only]
+            for i, arg in enumerate(schema.arguments):
+                if arg.alias_info is None or not arg.alias_info.is_write:
+                    continue
+                value = args[i] if not arg.kwarg_only and i < len(positional) and i < len(args) else kwargs.get(arg.name)
+                for t in pytree.tree_leaves(value):
+                    if isinstance(t, torch.Tensor):
+                        key = storage_key(t)
+                        if key in self.held:
+                            self.changed.setdefault(key, self.held[key])
+        return func(*args, **kwargs)
 
 _LOOKUP_ERRORS = (AttributeError, KeyError, IndexError, StopIteration, StopAsyncIteration, GeneratorExit)
 _RAISE = dis.opmap["RAISE_VARARGS"]

@@ -96,6 +96,7 @@ class FrameState:
     def __init__(self, tx: Any) -> None:
         self.tx = tx
         self.scope = Scope(answer=self._answer, label="dynamo")
+        self.scope.changed_in_place = {}
         self.record = handoff.DynamoRecord()
         self.collector = free_state.Collector(_OP_BOUNDARY)  # user code that ran in dispatch
         # Ints read by dispatch that became symbolic inputs: their symbols, and those a
@@ -2019,6 +2020,7 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def _get_fake_value_impl(node: torch.fx.Node, tx: Any, allow_non_graph_fake: bool = False) -> Any:
         if node.op == "placeholder" or "example_value" in node.meta:
             return original(node, tx, allow_non_graph_fake)  # nothing runs
+        _refuse_a_tensor_dispatch_changed(tx, node)
         args = _subclass_arg_nodes(node)
         if not args:
             state = tx.output.__dict__.get(_STATE_KEY)
@@ -2040,6 +2042,28 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         return _propagate(state, node, tx, original, allow_non_graph_fake, tracked)
 
     return _get_fake_value_impl
+
+
+def _refuse_a_tensor_dispatch_changed(tx: Any, node: torch.fx.Node) -> None:
+    """Refuse an op handed a tensor on a storage an earlier op's dispatch changed in place
+    (See Note [An inner tensor dispatch changes in place] in capture.py)."""
+    state = tx.output.__dict__.get(_STATE_KEY)
+    changed = state.scope.changed_in_place if state is not None else None
+    if not changed:
+        return
+    for arg in _tensor_arg_nodes(node, subclass=False):
+        owner = changed.get(capture.storage_key(arg.meta["example_value"]))
+        if owner is not None:
+            obj, name = owner
+            _graph_break_class(
+                RefusalKind.UNSUPPORTED_STATE_READ, type(obj), name, "Tensor",
+                f"dispatch changed the tensor it holds in place at an earlier op, and the compiled "
+                f"function computes with that tensor ({arg.name}) after it; the compiled graph would "
+                "read it from before that op",
+                hint="Read it outside the compiled function, or let the op run eagerly "
+                "(fullgraph=False graph-breaks there).",
+                reader="the compiled function",
+            )
 
 
 #: Modules of torch whose functions may run the autograd engine (a backward reaching what
