@@ -2052,9 +2052,9 @@ def _refuse_a_tensor_dispatch_changed(tx: Any, node: torch.fx.Node) -> None:
     if not changed:
         return
     for arg in _tensor_arg_nodes(node, subclass=False):
-        owner = changed.get(capture.storage_key(arg.meta["example_value"]))
-        if owner is not None:
-            obj, name = owner
+        key = capture.storage_key(arg.meta["example_value"])
+        obj, name = changed.get(key, (None, ""))
+        if obj is not None and _taken_in_before_the_graph(arg, key, name):
             _graph_break_class(
                 RefusalKind.UNSUPPORTED_STATE_READ, type(obj), name, "Tensor",
                 f"dispatch changed the tensor it holds in place at an earlier op, and the compiled "
@@ -2064,6 +2064,34 @@ def _refuse_a_tensor_dispatch_changed(tx: Any, node: torch.fx.Node) -> None:
                 "(fullgraph=False graph-breaks there).",
                 reader="the compiled function",
             )
+
+
+def _taken_in_before_the_graph(node: torch.fx.Node, key: int, name: str) -> bool:
+    """Whether ``node``'s value on storage ``key`` is a graph input's, or a view the graph took of
+    one, other than the one the traced object holds attribute ``name`` by: the value a
+    ``seed_attr`` node hands it, or one it hands the graph after an op (a ``read_attr`` of a
+    tensor dispatch wrote). The AOT backends trace dispatch's changes in place on those."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        if len(seen) >= _MAX_ITEMS_GUARDED:
+            return True  # too far to follow: taken as a graph input's
+        seen.add(n)
+        value = n.meta.get("example_value")
+        if not isinstance(value, torch.Tensor) or is_traceable_wrapper_subclass(value):
+            continue
+        if capture.storage_key(value) != key:
+            continue
+        if n.op in ("placeholder", "get_attr"):
+            if not any(u.target is handoff.seed_attr and u.args[2] == name and u.args[3] is n for u in n.users):
+                return True
+            continue  # the value the traced object holds it by (seeded): its changes are traced
+        stack.extend(n.all_input_nodes)
+    return False
 
 
 #: Modules of torch whose functions may run the autograd engine (a backward reaching what

@@ -56,6 +56,26 @@ class Doubles(WrapperTensor):
         return out
 
 
+class Cache(WrapperTensor):
+    """Makes a cache at its first op and changes it in place at each later one (an attribute
+    outside the flatten list)."""
+
+    WRAP_OUTPUTS = False
+
+    @classmethod
+    def on_op(cls, func, first):
+        cache = first.__dict__.get("cache")
+        if cache is None:
+            first.cache = first.elem * 0
+        else:
+            cache.add_(1)
+
+
+def cache_read(x, w):
+    z = (x * w) * w
+    return z, w.cache + 0
+
+
 def read_after(x, w):
     y = x * w
     return y, w.n + 0
@@ -200,3 +220,17 @@ def test_a_float8_history_that_is_also_a_buffer_is_read_as_in_eager_or_refused(b
         torch.testing.assert_close(compiled(x), e)
     torch.testing.assert_close(m_c.hist, m_e.hist)
     assert m_c.w.hist is m_c.hist, "the weight's history is still the module's buffer"
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_cache_outside_the_flatten_list_changed_in_place_is_read_as_in_eager(backend):
+    """The compiled function's tensor is the one the traced object holds (a graph input handed
+    to it, or the tensor dispatch wrote): the AOT backends trace the change, nothing to refuse."""
+    x_e, w_e = torch.ones(3), Cache(torch.arange(1.0, 4.0))
+    x_c, w_c = torch.ones(3), Cache(torch.arange(1.0, 4.0))
+    eager = _run(cache_read, 4, (x_e, w_e))
+    torch._dynamo.reset()
+    compiled = torch.compile(cache_read, backend=backend, fullgraph=True)
+    _assert_outs(_run(compiled, 4, (x_c, w_c)), eager)
+    assert_same_state(w_e, w_c, "input")
+    assert not leaked_fakes(w_c)
