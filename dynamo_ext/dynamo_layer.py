@@ -1622,7 +1622,11 @@ def make_var_getattr_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def var_getattr(self: Any, tx: Any, name: str) -> Any:
         _refuse_backward_code_read(self, name)
         _refuse_result_tag_read(self, tx, name)
-        result = original(self, tx, name)
+        try:
+            result = original(self, tx, name)
+        except torch._dynamo.exc.ObservedAttributeError:
+            _guard_absent_attribute(self, name)
+            raise
         if name in _DISPATCHING_PROPERTIES and self.source is not None and _may_write(self):
             from torch._dynamo.variables import TensorVariable
 
@@ -1631,6 +1635,23 @@ def make_var_getattr_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return var_getattr
+
+
+def _guard_absent_attribute(vt: Any, name: str) -> None:
+    """Note [An absent attribute the compiled function read]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    The compiled function reads an attribute its input lacks, and catches the AttributeError
+    (``try: pre = x.tag except AttributeError: pre = None``); then an op's dispatch creates it
+    (``self.tag = 7``), replayed after the graph. Dynamo installs no guard for the absence, so
+    the next call ran the same code on an input that has it: the absent branch again, where
+    eager takes the attribute (an outside tester's find; stock alike where the caller sets the
+    attribute). For a class that may write, the absence is guarded (Dynamo's ``HASATTR``
+    guard): a later call with the attribute recompiles."""
+    if vt.source is None or not vt.source.subguards_allowed() or not _may_write(vt):
+        return
+    from torch._dynamo.guards import GuardBuilder, install_guard
+
+    install_guard(vt.source.make_guard(functools.partial(GuardBuilder.HASATTR, attr=name)))
 
 
 def make_traced_output_hook(original: Callable[..., Any]) -> Callable[..., Any]:
