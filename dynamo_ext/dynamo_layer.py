@@ -1622,6 +1622,9 @@ def make_var_getattr_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def var_getattr(self: Any, tx: Any, name: str) -> Any:
         _refuse_backward_code_read(self, name)
         _refuse_result_tag_read(self, tx, name)
+        symbolic = _symbolic_on_a_result(self, tx, name)
+        if symbolic is not None:
+            return symbolic
         try:
             result = original(self, tx, name)
         except torch._dynamo.exc.ObservedAttributeError:
@@ -1635,6 +1638,34 @@ def make_var_getattr_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return var_getattr
+
+
+def _symbolic_on_a_result(vt: Any, tx: Any, name: str) -> Any:
+    """Note [A symbolic value dispatch set on an op's result]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Dispatch sets on the subclass an op returns a value computed from a count made symbolic
+    (``out.depth = x.depth + 1``), and the compiled function reads it. Dynamo answers a read on
+    a tensor the graph computed from the traced result's instance dict, and cannot take a
+    symbolic int from there (its own ``SourcelessBuilder`` error under ``fullgraph=True``, an
+    outside tester's find; stock reads the value the first trace saw). The graph reads it off
+    its result instead (a ``read_attr`` node), which every backend computes: the AOT backends
+    from the traced dispatch's write, ``backend="eager"`` from the real one. None: not such a
+    read."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if vt.source is not None or not hasattr(vt, "proxy"):
+        return None
+    example = vt.proxy.node.meta.get("example_value")
+    if not (isinstance(example, torch.Tensor) and is_traceable_wrapper_subclass(example)):
+        return None
+    value = capture.obj_dict(example).get(name)
+    if not isinstance(value, SYMBOLIC_TYPES) or name in example.__tensor_flatten__()[0]:
+        return None
+    from torch._dynamo.variables.builder import wrap_fx_proxy
+
+    proxy = tx.output.create_proxy("call_function", handoff.read_attr, (vt.as_proxy(), (), name), {})
+    handoff.cacheable(proxy.node)
+    return wrap_fx_proxy(tx, proxy)
 
 
 def _guard_absent_attribute(vt: Any, name: str) -> None:

@@ -88,3 +88,49 @@ def test_a_tensor_tag_on_a_result_read_in_the_frame_is_refused(backend, fullgrap
     out = fn(x, w)
     torch.testing.assert_close(out, eager)
     assert not leaked_fakes(out)
+
+
+class Depth(WrapperTensor):
+    """Sets on each result one more than the deepest argument's ``depth`` (an int the caller
+    changes between calls, which Dynamo makes symbolic at the second compile)."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if isinstance(out, cls):
+            out.depth = max(a.__dict__.get("depth", 0) for a in args if isinstance(a, cls)) + 1
+        return out
+
+
+def depth_read(x):
+    z = x * 2
+    return z.depth
+
+
+def depth_read_twice(x):
+    z = x * 2
+    a = z.depth
+    z.depth = a * 10
+    return z.depth, z, a + 1
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fn", [depth_read, depth_read_twice], ids=lambda f: f.__name__)
+def test_a_symbolic_value_on_a_subclass_result_is_read_as_in_eager(fn, backend, fullgraph):
+    """Dynamo could not take the symbolic int from the traced result (its own error under
+    fullgraph=True; stock reads the first trace's value): the graph reads it off its result."""
+
+    def run(f):
+        x, seen = Depth(torch.ones(3)), []
+        for i in range(4):
+            x.depth = i
+            out = f(x)
+            seen.append(out if not isinstance(out, tuple) else (out[0], out[1].depth, out[2]))
+        assert not leaked_fakes(x)
+        return seen
+
+    eager = run(fn)
+    torch._dynamo.reset()
+    assert run(torch.compile(fn, backend=backend, fullgraph=fullgraph)) == eager
+    assert all(type(v) is int for v in torch.utils._pytree.tree_leaves(eager))
