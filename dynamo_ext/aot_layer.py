@@ -163,6 +163,8 @@ class Planner:
         self.on_frozen: Callable[[WritePlan], Any] | None = None
         self.cached_plan: WritePlan | None = None  # the plan of the entry a lookup found
         self.cache_save: Any = None  # the save waiting for this compile's plan
+        # id -> shared object an earlier pass made (See Note [A shared object an earlier pass made])
+        self.made_by_passes: dict[int, Any] = {}
 
     def real_of(self, index: int) -> Any:
         return self.real_inputs[index] if 0 <= index < len(self.real_inputs) else None
@@ -192,7 +194,7 @@ class Planner:
             elif t.shared:
                 if w.name in recorded.get(id(t.obj), {}):
                     continue
-                if t.born and same_value(t.entry.get(w.name, MISSING), w.value):
+                if (t.born or id(t.obj) in self.made_by_passes) and same_value(t.entry.get(w.name, MISSING), w.value):
                     continue  # back to how it was built: nothing for the caller to see
                 index, path, obj = -1, (), t.obj
             else:
@@ -222,6 +224,17 @@ class Planner:
                 write = dataclasses.replace(write, obj=obj, born=born)
             planned.append(write)
         _refuse_several_of_one_key(scope, [w.obj for w in planned if w.born >= 0])
+        # Note [A shared object an earlier pass made]
+        # A library may cache what the traced code made across passes: DTensor's sharding
+        # cache, keyed by symbolic shapes under dynamic=True, hands a later pass the MaskBuffer
+        # the first made, materialized and released there. To the later pass it is an object
+        # it found, not one it made, and its writes (materialize, release: back to how it was)
+        # were planned as a shared object's, which the first pass's plan lacked: refused as
+        # inconsistent where stock compiles (an outside tester's find). A write that leaves
+        # such an object as the pass found it is nothing for the caller, as for one it made.
+        # Other writes on it stay refused: planned by its role, a returned partial's buffer
+        # was not shared with a later call of the first call's shapes as eager shares it.
+        self.made_by_passes.update((id(t.obj), t.obj) for t in scope.tracked.values() if t.born and t.shared)
         self.passes += 1
         if self.writes is None:
             self.writes = planned

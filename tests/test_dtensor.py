@@ -417,3 +417,36 @@ def test_two_partials_of_one_shape_in_one_region_under_static_shapes(mesh, fullg
     assert run(_one_weight_twice) == eager
     if "unsupported_state_read" not in str(caught.value):
         pytest.xfail(f"refused by Dynamo's own error, not by name: {type(caught.value).__name__}")
+
+
+def _reduced_in_region(ids, w):
+    return embedding(ids, w).full_tensor() * 2
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+def test_dynamic_from_the_first_call_with_the_mask_reduced_in_the_region(mesh, fullgraph):
+    """Note [A shared object an earlier pass made] (aot_layer.py): under dynamic=True DTensor's
+    sharding cache hands AOTAutograd's second pass the MaskBuffer its first pass made and
+    released; its writes (back to how it was) were planned as a shared object's, and the
+    compile refused as inconsistent where stock compiles (an outside tester's find)."""
+
+    def run(fn):
+        _clear_sharding_prop_cache()
+        torch.manual_seed(0)
+        w = distribute_tensor(torch.randn(16, 4), mesh, [Shard(0)])
+        outs = []
+        for length in (4, 6, 6, 4, 5):
+            ids = distribute_tensor((torch.arange(length) * 3) % 16, mesh, [Replicate()])
+            outs.append(fn(ids, w))
+        assert not leaked_fakes(w)
+        return outs
+
+    eager = run(_reduced_in_region)
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(_reduced_in_region, backend=counter, fullgraph=fullgraph, dynamic=True)
+    for c, e in zip(run(compiled), eager):
+        torch.testing.assert_close(c, e)
+    # as stock: the first compile keeps the local tensor's length static, the recompile serves
+    # every later length; each call ran compiled (fullgraph=False ran none eagerly)
+    assert counter.frame_count == 2
