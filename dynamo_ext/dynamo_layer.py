@@ -119,6 +119,9 @@ class FrameState:
         # (See Note [A write the program makes between two ops])
         self._free_globals: list[free_state.FreeRead] = []
         self._free_values: dict[int, tuple[str, str, Any]] = {}
+        # code an attribute of a tracked object holds, to guard as reached (See Note [Code an
+        # attribute holds])
+        self._held_code: list[tuple[Any, Any, str, str]] = []
         # the sources of attributes dispatch wrote on objects the frame has sources for (See
         # Note [Values read before dispatch wrote them])
         self.written_sources: set[Any] = set()
@@ -470,6 +473,7 @@ class FrameState:
         elif is_code_object(value):
             guards.guard(source, "ID_MATCH")
             answer = value
+            self._follow_held_code(source, value, t, name)
         elif isinstance(value, PLAIN_MUTABLE) and not contains_tensor(value):
             guards.constant(source, value)
             answer = trace_copy(value)
@@ -480,6 +484,23 @@ class FrameState:
             return value if answer is value else answer
         t.set_answer(name, answer)
         return answer
+
+    def _follow_held_code(self, source: Any, value: Any, t: Tracked, name: str) -> None:
+        """Note [Code an attribute holds]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        Dispatch calls a function, method or class an attribute holds (``w.get_scale =
+        lambda: box["v"]``, a config object's bound method, ``w.scheme = Scheme`` read for
+        ``Scheme.SCALE``): what that code reads was found by no static walk from the class's
+        code, which follows globals and closures only, and stayed baked into the compiled
+        program, silently, under every backend (an outside tester's find; stock fails
+        loudly). Guarded by identity alone before; now the code is followed as code a global
+        names (its globals, closure cells and defaults, a method's owner, a class's state)
+        and guarded so at the end of the op, which runs again where an object it reaches
+        must be tracked first."""
+        if isinstance(value, (types.BuiltinFunctionType, torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            return
+        self.collector.follow_held(value)
+        self._held_code.append((source, value, t.cls_name, name))
 
     def _in_hop(self) -> bool:
         return self.tx.output.current_tracer.parent is not None
@@ -606,6 +627,9 @@ class FrameState:
                     "torch.utils._python_dispatch.is_traceable_wrapper_subclass(t).",
                 )
         self._guard_inference_mode()
+        held, self._held_code = self._held_code, []
+        for source, value, owner, name in held:  # See Note [Code an attribute holds]
+            retry |= self._guard_reached(source, value, owner, name)
         reads = list(self.collector.reads())
         stored_globals = self._stored_globals() if reads else set()
         for r in reads:
@@ -706,7 +730,12 @@ class FrameState:
             # fake propagation cannot compute with it: named if the op fails so (See
             # _real_tensor_in_fake_propagation)
             self.tensor_reads.setdefault(f"{owner}.{name}", None)
-            return False
+            if depth > 3 or not free_state.is_user_class(type(value)):
+                return False
+            # a subclass instance (a getter closing over the input, ``lambda: w.knob``): the
+            # attributes the code reads off it, as values reached through it
+            held = {k: v for k, v in capture.obj_dict(value).items() if not is_torch_internal(k)}
+            return self._guard_attributes(source, held, uses.names(self.collector.names), f"{owner}.{name}", depth, uses)
         if depth > 3:
             return False
         if not isinstance(value, (types.ModuleType, type)) and not is_immutable_constant(value):

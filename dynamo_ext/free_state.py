@@ -499,6 +499,14 @@ class Collector:
         for code, f_globals, frame_locals in found:
             self._expand(code, f_globals, _closure_cells(code, frame_locals, functions.get(code, [])))
 
+    def follow_held(self, value: Any) -> None:
+        """Code an attribute of a tracked object holds (a getter stored on the tensor, a
+        bound method, a class), which dispatch may call: expanded as code a global names
+        (See Note [Code an attribute holds] in dynamo_layer.py)."""
+        for fn in _functions_of(value):
+            if is_user_code(fn.__code__.co_filename):
+                self._expand(fn.__code__, fn.__globals__, dict(zip(fn.__code__.co_freevars, fn.__closure__ or ())))
+
     def forget_frame(self) -> None:
         self._last_frame = None
 
