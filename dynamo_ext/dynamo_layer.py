@@ -738,6 +738,15 @@ class FrameState:
             return self._guard_attributes(source, held, uses.names(self.collector.names), f"{owner}.{name}", depth, uses)
         if depth > 3:
             return False
+        clock = _answers_anew(value, uses.names(self.collector.names))
+        if clock:
+            _refuse(
+                RefusalKind.UNSUPPORTED_STATE_READ, next(iter(self.scope.tracked.values())), name, clock,
+                f"dispatch code can call {clock} (through {owner}.{name}), which answers anew at every call: "
+                "the compiled program would replay the value it answered while traced",
+                hint="Read it outside the compiled function, or let the op run eagerly (fullgraph=False "
+                "graph-breaks there).",
+            )
         if not isinstance(value, (types.ModuleType, type)) and not is_immutable_constant(value):
             changed = self._written_by_program(value)
             if changed:  # ``CFG.margin = 3`` / ``TABLE[k] = v`` in the compiled function, then the op
@@ -1555,6 +1564,42 @@ def _logger_state(logger: Any) -> tuple:
     if isinstance(logger, logging.LoggerAdapter):
         logger = logger.logger
     return (logger.getEffectiveLevel(), logger.disabled, logger.manager.disable)
+
+
+# Note [A clock dispatch reads]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Dispatch may stamp the time (``self.stamp = time.time()``, profiling-style) or draw an id
+# (``uuid.uuid4()``, ``os.urandom``). Such a call answers anew at every call and changes no
+# state a guard or the module watch could see: the compiled program replayed the traced value,
+# silently, on backend="eager" (an outside tester's find; the AOT backends refused only because
+# their passes ran at different times). Code found calling one is refused, as a draw from the
+# global random generators is (free_state._restore_generators).
+_ANEW_FUNCTIONS = frozenset(
+    [("time", n) for n in (
+        "time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "process_time",
+        "process_time_ns", "thread_time", "thread_time_ns", "localtime", "gmtime", "ctime", "asctime",
+    )]
+    + [("posix", "urandom"), ("nt", "urandom"), ("uuid", "uuid1"), ("uuid", "uuid4"), ("secrets", "token_bytes"),
+       ("secrets", "token_hex"), ("secrets", "token_urlsafe"), ("secrets", "randbelow"), ("secrets", "randbits"),
+       ("secrets", "choice")]
+)
+_ANEW_METHODS = frozenset({"now", "utcnow", "today"})  # of datetime's classes
+
+
+def _answers_anew(value: Any, names: set[str]) -> str:
+    """The name of a function ``value`` is (or, for datetime's classes, has among ``names``)
+    that answers anew at every call; "" if none."""
+    import datetime
+
+    if isinstance(value, (types.BuiltinFunctionType, types.FunctionType)):
+        module = getattr(value, "__module__", None) or ""
+        if (module, getattr(value, "__name__", "")) in _ANEW_FUNCTIONS:
+            return f"{'os' if module in ('posix', 'nt') else module}.{value.__name__}()"
+    elif isinstance(value, type) and issubclass(value, datetime.date):
+        methods = _ANEW_METHODS & names
+        if methods:
+            return f"{value.__name__}.{sorted(methods)[0]}()"
+    return ""
 
 
 def _refuse(kind: RefusalKind, t: Tracked, attr: str, value_type: str, context: str = "", hint: str = "") -> NoReturn:
