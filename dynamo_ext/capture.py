@@ -1283,6 +1283,7 @@ class _InPlaceWatch(torch.utils._python_dispatch.TorchDispatchMode):
                             self.changed.setdefault(key, self.held[key])
         return func(*args, **kwargs)
 
+
 _LOOKUP_ERRORS = (AttributeError, KeyError, IndexError, StopIteration, StopAsyncIteration, GeneratorExit)
 _RAISE = dis.opmap["RAISE_VARARGS"]
 

@@ -470,9 +470,7 @@ class Collector:
         self._classes.add(cls)
         self._new_classes.append(cls)
         for klass in cls.__mro__:
-            for fn in _functions_of(klass):
-                if is_user_code(fn.__code__.co_filename):
-                    self._expand(fn.__code__, fn.__globals__, dict(zip(fn.__code__.co_freevars, fn.__closure__ or ())))
+            self.follow_held(klass)
 
     def on_access(self, frame: types.FrameType | None, cls: type | None = None) -> None:
         if cls is not None:
