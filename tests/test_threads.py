@@ -131,14 +131,15 @@ class _TraceClock(S.WritingTensor):
     def on_op(cls, func, first):
         if func is aten.mul.Tensor:
             if isinstance(first.elem, (FakeTensor, FunctionalTensor)):
-                start = time.perf_counter()
+                _TRACE_SPANS.put(("in", threading.get_ident()))
                 time.sleep(0.005)  # give the other thread a chance to run
-                _TRACE_SPANS.put((threading.get_ident(), start, time.perf_counter()))
+                _TRACE_SPANS.put(("out", threading.get_ident()))
             first.tag = first.tag + 1
 
 
-# The test's clock, not the program's state: a queue (a class-level or module-level list
-# mutated while tracing is global state, refused as global_state_write).
+# The test's record of the order traced dispatch calls begin and end in, not the program's
+# state: a queue (a class-level or module-level list mutated while tracing is global state,
+# refused as global_state_write; a clock read is refused as well).
 _TRACE_SPANS: "queue.SimpleQueue" = queue.SimpleQueue()
 
 
@@ -150,13 +151,14 @@ def test_tracing_is_serialized():
         _worker("ta", [(f"x * {k}", _TraceClock, False) for k in (2, 3, 4)], iterations=2, backend="aot_eager"),
         _worker("tb", [(f"x * {k} + 1", _TraceClock, False) for k in (5, 6, 7)], iterations=2, backend="aot_eager"),
     )
-    spans = []
+    events = []
     while not _TRACE_SPANS.empty():
-        spans.append(_TRACE_SPANS.get())
-    spans.sort(key=lambda s: s[1])
-    assert len({s[0] for s in spans}) == 2
-    for (t1, _, end1), (t2, start2, _) in zip(spans, spans[1:]):
-        assert t1 == t2 or start2 >= end1, "two threads were tracing at the same time"
+        events.append(_TRACE_SPANS.get())
+    assert len({tid for _, tid in events}) == 2
+    assert events and len(events) % 2 == 0
+    for (kind_in, t_in), (kind_out, t_out) in zip(events[::2], events[1::2]):
+        # each traced call ends before any other begins: in, out, in, out, ...
+        assert (kind_in, kind_out) == ("in", "out") and t_in == t_out, "two threads were tracing at the same time"
 
 
 # --------------------------------------------------------------------------- a trace paused in one thread
