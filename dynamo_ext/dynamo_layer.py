@@ -122,6 +122,7 @@ class FrameState:
         # code an attribute of a tracked object holds, to guard as reached (See Note [Code an
         # attribute holds])
         self._held_code: list[tuple[Any, Any, str, str]] = []
+        self._followed_code: dict[int, Any] = {}  # id -> the code value followed (kept alive)
         # the sources of attributes dispatch wrote on objects the frame has sources for (See
         # Note [Values read before dispatch wrote them])
         self.written_sources: set[Any] = set()
@@ -495,12 +496,17 @@ class FrameState:
         program, silently, under every backend (an outside tester's find; stock fails
         loudly). Guarded by identity alone before; now the code is followed as code a global
         names (its globals, closure cells and defaults, a method's owner, a class's state)
-        and guarded so at the end of the op, which runs again where an object it reaches
-        must be tracked first."""
+        and guarded. Found while the op runs, before the code does: the op runs again from
+        the start, with what the code may change (a closure cell it bumps, a global list it
+        appends to) under the watch, which puts it back and refuses the op."""
         if isinstance(value, (types.BuiltinFunctionType, torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
             return
+        if id(value) in self._followed_code:
+            return
+        self._followed_code[id(value)] = value
         self.collector.follow_held(value)
         self._held_code.append((source, value, t.cls_name, name))
+        raise _NeedsWatch()
 
     def _in_hop(self) -> bool:
         return self.tx.output.current_tracer.parent is not None
@@ -1529,6 +1535,11 @@ class _NeedsSeed(BaseException):
         self.name = name
 
 
+class _NeedsWatch(BaseException):
+    """Dispatch is about to run code found only now (See Note [Code an attribute holds]):
+    guard and watch what it reaches, re-run the op. A BaseException as _NeedsSeed is."""
+
+
 class _Refused(BaseException):
     """A refusal raised inside fake propagation; re-raised as a graph break outside it."""
 
@@ -2311,6 +2322,13 @@ def _propagate(
                 if reached and state.guard_free_reads():
                     checkpoint.rollback()
                     continue
+            except _NeedsWatch:
+                checkpoint.rollback()
+                try:
+                    state.guard_free_reads()
+                except _Refused as bad:
+                    _graph_break(*bad.args_)
+                continue
             except _NeedsSeed as need:
                 checkpoint.rollback()
                 try:

@@ -198,3 +198,49 @@ def test_what_code_an_attribute_holds_reads_is_guarded(case, backend, fullgraph)
     compiled, w_c = run(torch.compile(step, backend=backend, fullgraph=fullgraph))
     assert compiled == eager
     assert w_c.last_s == w_e.last_s
+
+
+LOG: list = []
+
+
+def bumps_a_cell():
+    n = 0
+
+    def bump():
+        nonlocal n
+        n += 1
+        return 1.0
+
+    w = Held(torch.ones(3))
+    w.get_scale = bump
+    return w, lambda: n
+
+
+def appends_to_a_global():
+    del LOG[:]
+    w = Held(torch.ones(3))
+    w.get_scale = lambda: (LOG.append(1), 1.0)[1]
+    return w, lambda: len(LOG)
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("case", [bumps_a_cell, appends_to_a_global], ids=lambda c: c.__name__)
+def test_code_an_attribute_holds_that_changes_state_is_refused_before_it_runs(case, backend, fullgraph):
+    """Found while the op ran, the code had changed the cell or list once before its watch
+    began: refused then, with the count one ahead of eager's under fullgraph=False."""
+    w, count = case()
+    for _ in range(3):
+        step(w, torch.ones(3))
+    assert count() == 3
+    w, count = case()
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=backend, fullgraph=fullgraph)
+    if fullgraph:
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: global_state_write"):
+            compiled(w, torch.ones(3))
+        assert count() == 0 and "last_s" not in w.__dict__, "a refusal changed state"
+        return
+    for i in range(3):
+        compiled(w, torch.ones(3))
+        assert count() == i + 1
