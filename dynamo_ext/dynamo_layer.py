@@ -71,6 +71,9 @@ from .values import (
 log = logging.getLogger(__name__)
 
 _STATE_KEY = "_dynamo_ext_frame_state"
+# storages of plain tensors the compiled function changed in place (See Note [An inner tensor
+# the compiled function changes in place])
+_PROGRAM_CHANGED_KEY = "_dynamo_ext_program_changed"
 
 
 @dataclasses.dataclass
@@ -589,6 +592,8 @@ class FrameState:
             _refuse_read(t, name, value, "tensor attribute read inside a higher-order op body")
         if ref.node is None:
             _refuse_read(t, name, value, "a tensor held by an object reached through a global or closure")
+        if self._seed_as_view(t, ref, name, value):
+            return
         vt = LazyVariableTracker.realize_all(VariableBuilder(self.tx, AttrSource(ref.source, name))(value))
         proxy = vt.as_proxy()
         self._insert_seed(ref, name, proxy.node)
@@ -609,6 +614,78 @@ class FrameState:
             t.settled.add(name)
         else:
             t.set_answer(name, fake)
+
+    def _seed_as_view(self, t: Tracked, ref: Ref, name: str, value: Any) -> bool:
+        """Note [A tensor attribute that is a view of another input]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        An attribute outside the flatten list may hold a view of another tensor the graph takes
+        in: of an inner tensor (``self.recent = self.hist[:1]``, ``self.row0 = self.elem[0]``)
+        or of a plain input. Made a graph input of its own, it was one AOTAutograd did not know
+        aliases the other: an in-place change on one side (dispatch's ``hist[0] = amax``, the
+        compiled function's ``w.mul_(s)``) was not seen through the other, silently (the
+        value from before it, a NaN), or AOTAutograd failed on aliased inputs that are
+        mutated, under ``fullgraph=False`` too (an outside tester's finds). The graph takes it
+        as a view of that tensor instead (``handoff.view_of``: the same sizes, strides and
+        storage offset), so the passes see one storage; the real attribute is guarded to stay
+        such a view. One of another dtype, or of a tensor with no storage, is refused. Returns
+        whether it was seeded so."""
+        if type(value) is not torch.Tensor and type(value) is not torch.nn.Parameter:
+            return False
+        key = capture.storage_key(value)
+        if key is None:
+            return False
+        base = self._input_holding_storage(key, value)
+        if base is None:
+            return False
+        node, inner, real_base = base
+        if real_base.dtype != value.dtype or value.is_sparse:
+            _refuse_read(t, name, value, "a tensor attribute aliasing another input of the graph, as another dtype")
+        size, stride, offset = tuple(value.size()), tuple(value.stride()), value.storage_offset()
+        with self._node.graph.inserting_before(self._node):
+            view = self._node.graph.call_function(handoff.view_of, (node, inner, size, stride, offset))
+        example = node.meta["example_value"]
+        view.meta["example_value"] = handoff.view_of(example, inner, size, stride, offset)
+        handoff.cacheable(view)
+        self._insert_seed(ref, name, view)
+        guards.lambda_(
+            ref.source,
+            lambda obj, name=name: handoff.same_view(capture.eager_lookup(obj, name)[0], size, stride, offset),
+            f".{name} is a view with sizes {size}, strides {stride}, offset {offset}",
+        )
+        guards.lambda_(
+            ref.source,
+            lambda obj, name=name, src=real_base: capture.storage_key(capture.eager_lookup(obj, name)[0]) == capture.storage_key(src),
+            f".{name} shares its storage with the graph input it was a view of",
+        )
+        fake = view.meta["example_value"]
+        if t.shared:
+            capture.obj_dict(t.obj)[name] = fake
+            t.settled.add(name)
+        else:
+            t.set_answer(name, fake)
+        return True
+
+    def _input_holding_storage(self, key: int, value: Any) -> tuple[Any, str | None, Any] | None:
+        """A graph input (placeholder node, with the inner tensor's name for a subclass) other
+        than ``value`` itself whose real tensor is on storage ``key``."""
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+        for node in self.tx.output.graph.find_nodes(op="placeholder"):
+            arg = node.meta.get("grapharg")
+            real = getattr(arg, "example", None) if arg is not None else None
+            if not isinstance(real, torch.Tensor) or real is value:
+                continue
+            if is_traceable_wrapper_subclass(real):
+                for inner in real.__tensor_flatten__()[0]:
+                    held = getattr(real, inner, None)
+                    if (
+                        isinstance(held, torch.Tensor) and not is_traceable_wrapper_subclass(held)
+                        and held is not value and capture.storage_key(held) == key
+                    ):
+                        return node, inner, held
+            elif capture.storage_key(real) == key:
+                return node, None, real
+        return None
 
     # -- globals and closure variables --------------------------------------
 
@@ -1744,13 +1821,28 @@ def _symbolic_on_a_result(vt: Any, tx: Any, name: str) -> Any:
     if not (isinstance(example, torch.Tensor) and is_traceable_wrapper_subclass(example)):
         return None
     value = capture.obj_dict(example).get(name)
-    if not isinstance(value, SYMBOLIC_TYPES) or name in example.__tensor_flatten__()[0]:
+    items = type(value) in (tuple, torch.Size) and any(isinstance(v, SYMBOLIC_TYPES) for v in value)
+    if not (isinstance(value, SYMBOLIC_TYPES) or items) or name in example.__tensor_flatten__()[0]:
         return None
+    if items and not all(isinstance(v, SYMBOLIC_TYPES) or is_immutable_constant(v) for v in value):
+        return None
+    from torch._dynamo.variables import ConstantVariable, TupleVariable
     from torch._dynamo.variables.builder import wrap_fx_proxy
 
     proxy = tx.output.create_proxy("call_function", handoff.read_attr, (vt.as_proxy(), (), name), {})
     handoff.cacheable(proxy.node)
-    return wrap_fx_proxy(tx, proxy)
+    if not items:
+        return wrap_fx_proxy(tx, proxy)
+    # ``out.dims = tuple(out.shape)``: the symbolic items off the graph, the others as constants
+    proxy.node.meta["example_value"] = value
+    parts = []
+    for i, v in enumerate(value):
+        if isinstance(v, SYMBOLIC_TYPES):
+            item = tx.output.create_proxy("call_function", operator.getitem, (proxy, i), {})
+            parts.append(wrap_fx_proxy(tx, item, example_value=v))
+        else:
+            parts.append(ConstantVariable.create(v))
+    return TupleVariable(parts)
 
 
 def _guard_absent_attribute(vt: Any, name: str) -> None:
@@ -2158,6 +2250,7 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         if node.op == "placeholder" or "example_value" in node.meta:
             return original(node, tx, allow_non_graph_fake)  # nothing runs
         _refuse_a_tensor_dispatch_changed(tx, node)
+        _refuse_a_subclass_the_program_changed_under(tx, node)
         args = _subclass_arg_nodes(node)
         if not args:
             state = tx.output.__dict__.get(_STATE_KEY)
@@ -2201,6 +2294,69 @@ def _refuse_a_tensor_dispatch_changed(tx: Any, node: torch.fx.Node) -> None:
                 "(fullgraph=False graph-breaks there).",
                 reader="the compiled function",
             )
+
+
+_IN_PLACE_OPERATORS = frozenset({
+    operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+    operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
+    operator.imatmul,
+})
+
+
+def _changes_its_first_argument(node: torch.fx.Node) -> bool:
+    """An op of the compiled function that changes its first argument in place (``t.mul_(2)``,
+    ``t[0] = v``, ``t += 1``)."""
+    target = node.target
+    if node.op == "call_method":
+        return isinstance(target, str) and target.endswith("_") and not target.startswith("_")
+    if node.op != "call_function":
+        return False
+    if target in _IN_PLACE_OPERATORS:
+        return True
+    if isinstance(target, torch._ops.OpOverload):
+        return bool(target._schema.arguments) and target._schema.arguments[0].alias_info is not None and target._schema.arguments[0].alias_info.is_write
+    name = getattr(target, "__name__", "")
+    return getattr(target, "__objclass__", None) is torch._C.TensorBase and name.endswith("_") and not name.startswith("_")
+
+
+def _refuse_a_subclass_the_program_changed_under(tx: Any, node: torch.fx.Node) -> None:
+    """Note [An inner tensor the compiled function changes in place]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    The compiled function changes in place a tensor that is also an inner tensor of a subclass
+    input whose class may write (``w.elem.mul_(2)``, then ``w * y``). Dynamo made ``w.elem`` a
+    graph input of its own, which AOTAutograd does not know aliases ``w``'s inner tensor:
+    the later op's dispatch computed from the value before the change, silently (stock
+    alike; an outside tester's find, once a view attribute of ``elem`` made it loud). An op
+    handed that subclass after such a change is refused (``unsupported_state_read``); under
+    ``fullgraph=False`` the graph breaks there and the op runs eagerly."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    program_changed = tx.output.__dict__.get(_PROGRAM_CHANGED_KEY)
+    if _changes_its_first_argument(node) and isinstance(node.args[0] if node.args else None, torch.fx.Node):
+        changed = node.args[0].meta.get("example_value")
+        if isinstance(changed, torch.Tensor) and not is_traceable_wrapper_subclass(changed):
+            key = capture.storage_key(changed)
+            if key is not None:
+                tx.output.__dict__.setdefault(_PROGRAM_CHANGED_KEY, set()).add(key)
+        return
+    if not program_changed:
+        return
+    for arg in _subclass_arg_nodes(node):
+        value = arg.meta["example_value"]
+        if not free_state.class_may_write(type(value)):
+            continue
+        for inner in value.__tensor_flatten__()[0]:
+            held = getattr(value, inner, None)
+            if isinstance(held, torch.Tensor) and capture.storage_key(held) in program_changed:
+                _graph_break_class(
+                    RefusalKind.UNSUPPORTED_STATE_READ, type(value), inner, "Tensor",
+                    f"the compiled function changed in place a tensor that is also {arg.name}'s inner tensor "
+                    f"{inner!r} before this op; the AOT backends would hand dispatch the value from before "
+                    "the change",
+                    hint="Change it through the subclass's own op, or outside the compiled function "
+                    "(fullgraph=False graph-breaks there).",
+                    reader="the op after the compiled function changed it in place",
+                )
 
 
 def _taken_in_before_the_graph(node: torch.fx.Node, key: int, name: str) -> bool:

@@ -96,6 +96,25 @@ def entry_value(value: Any) -> Any:
     return value
 
 
+def view_of(base: Any, inner: str | None, size: tuple, stride: tuple, offset: int) -> Any:
+    """Graph node for a tensor attribute that is a view of another graph input (of its inner
+    tensor ``inner``): that view, taken in the graph (See Note [A tensor attribute that is a
+    view of another input] in dynamo_layer.py)."""
+    if inner is not None:
+        base = getattr(base, inner)
+    return base.as_strided(size, stride, offset)
+
+
+def same_view(value: Any, size: tuple, stride: tuple, offset: int) -> bool:
+    """``value`` is a plain tensor with these sizes, strides and storage offset."""
+    import torch
+
+    return (
+        isinstance(value, torch.Tensor) and tuple(value.size()) == size and tuple(value.stride()) == stride
+        and value.storage_offset() == offset
+    )
+
+
 def seed_attr(obj: Any, path: capture.Path, name: str, value: Any) -> None:
     """Give a traced object the entry value of ``name`` that Dynamo answered a read with.
 

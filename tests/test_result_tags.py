@@ -134,3 +134,33 @@ def test_a_symbolic_value_on_a_subclass_result_is_read_as_in_eager(fn, backend, 
     torch._dynamo.reset()
     assert run(torch.compile(fn, backend=backend, fullgraph=fullgraph)) == eager
     assert all(type(v) is int for v in torch.utils._pytree.tree_leaves(eager))
+
+
+class Dims(WrapperTensor):
+    """Tags each result with its sizes, as a tuple and as text."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if isinstance(out, cls):
+            out.dims = tuple(out.shape)
+            out.desc = str(out.shape[0])
+        return out
+
+
+def dims_read(x, y):
+    z = x + y
+    return z * z.dims[0]
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_tuple_of_sizes_on_a_subclass_result_is_read_as_in_eager(backend, dynamic):
+    """Once the sizes are symbolic the tuple holds SymInts Dynamo could not take from the traced
+    result (its own error under fullgraph=True; an outside tester's find, stock compiles)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(dims_read, backend=backend, fullgraph=True, dynamic=dynamic)
+    for n in (4, 4, 6, 7):
+        x, y = torch.ones(n, 2), torch.ones(n, 2)
+        out, expected = compiled(Dims(x.clone()), y), dims_read(Dims(x.clone()), y)
+        torch.testing.assert_close(out.elem, expected.elem)
