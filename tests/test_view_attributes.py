@@ -122,3 +122,52 @@ def test_the_program_changing_an_inner_tensor_then_an_op_on_the_subclass(backend
     for _ in range(3):
         torch.testing.assert_close(compiled(w_c, y), change_inner_then_op(w_e, y))
         torch.testing.assert_close(w_c.elem, w_e.elem)
+
+
+class SeesInput(torch.Tensor):
+    """Reads, at each op, the sum of a view of a plain tensor the caller gave it."""
+
+    @staticmethod
+    def __new__(cls, elem, view):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+        r.elem, r.view = elem, view
+        return r
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, size, stride):
+        return SeesInput(inner["elem"], None)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        w = next(a for a in args if isinstance(a, SeesInput))
+        w.seen = w.view.sum()
+        return func(*[a.elem if isinstance(a, SeesInput) else a for a in args], **(kwargs or {}))
+
+
+def change_input_then_op(w, y):
+    y.add_(1)
+    return w * 2
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_view_attribute_of_a_plain_input_the_program_changes_in_place(backend, fullgraph):
+    """AOTAutograd failed on aliased inputs that are mutated (under fullgraph=False too)."""
+
+    def run(f):
+        y = torch.zeros(4)
+        w = SeesInput(torch.ones(3), y[:2])
+        seen = []
+        for _ in range(3):
+            f(w, y)
+            seen.append(float(w.seen))
+        return seen, y.tolist()
+
+    eager = run(change_input_then_op)
+    torch._dynamo.reset()
+    assert run(torch.compile(change_input_then_op, backend=backend, fullgraph=fullgraph)) == eager
