@@ -2285,13 +2285,12 @@ def _refuse_a_tensor_dispatch_changed(tx: Any, node: torch.fx.Node) -> None:
         key = capture.storage_key(arg.meta["example_value"])
         obj, name = changed.get(key, (None, ""))
         if obj is not None and _taken_in_before_the_graph(arg, key, name):
-            _graph_break_class(
-                RefusalKind.UNSUPPORTED_STATE_READ, type(obj), name, "Tensor",
+            _refuse_the_frame(
+                tx, RefusalKind.UNSUPPORTED_STATE_READ, type(obj), name, "Tensor",
                 f"dispatch changed the tensor it holds in place at an earlier op, and the compiled "
                 f"function computes with that tensor ({arg.name}) after it; the compiled graph would "
                 "read it from before that op",
-                hint="Read it outside the compiled function, or let the op run eagerly "
-                "(fullgraph=False graph-breaks there).",
+                hint="Read it outside the compiled function (fullgraph=False runs the frame eagerly).",
                 reader="the compiled function",
             )
 
@@ -2336,7 +2335,9 @@ def _refuse_a_subclass_the_program_changed_under(tx: Any, node: torch.fx.Node) -
         changed = node.args[0].meta.get("example_value")
         if isinstance(changed, torch.Tensor) and not is_traceable_wrapper_subclass(changed):
             key = capture.storage_key(changed)
-            if key is not None:
+            # a graph input of its own (``w.elem``), or a view the graph took of one; not a
+            # tensor an op on the subclass handed out (``x.data``), whose change AOTAutograd traces
+            if key is not None and _taken_in_before_the_graph(node.args[0], key, ""):
                 tx.output.__dict__.setdefault(_PROGRAM_CHANGED_KEY, set()).add(key)
         return
     if not program_changed:
@@ -2348,15 +2349,29 @@ def _refuse_a_subclass_the_program_changed_under(tx: Any, node: torch.fx.Node) -
         for inner in value.__tensor_flatten__()[0]:
             held = getattr(value, inner, None)
             if isinstance(held, torch.Tensor) and capture.storage_key(held) in program_changed:
-                _graph_break_class(
-                    RefusalKind.UNSUPPORTED_STATE_READ, type(value), inner, "Tensor",
+                _refuse_the_frame(
+                    tx, RefusalKind.UNSUPPORTED_STATE_READ, type(value), inner, "Tensor",
                     f"the compiled function changed in place a tensor that is also {arg.name}'s inner tensor "
                     f"{inner!r} before this op; the AOT backends would hand dispatch the value from before "
                     "the change",
                     hint="Change it through the subclass's own op, or outside the compiled function "
-                    "(fullgraph=False graph-breaks there).",
+                    "(fullgraph=False runs the frame eagerly).",
                     reader="the op after the compiled function changed it in place",
                 )
+
+
+def _refuse_the_frame(
+    tx: Any, kind: RefusalKind, cls: type, attr: str, value_type: str, context: str, hint: str, reader: str
+) -> NoReturn:
+    """Refuse where the cause lies in an earlier op of the frame (an in-place change the graph
+    made): a graph break here would keep that op compiled, whose write-back differs from eager
+    (an inner tensor's ``_version`` bumped twice), so under ``fullgraph=False`` the whole frame
+    runs eagerly; under ``fullgraph=True`` it is Dynamo's ``Unsupported``."""
+    if not (_fullgraph(getattr(tx.output, "root_tx", tx)) or _fullgraph(tx)):
+        from .errors import SubclassWriteError
+
+        raise _RunFrameEagerly(SubclassWriteError(kind, cls.__name__, attr, value_type, context))
+    _graph_break_class(kind, cls, attr, value_type, context, hint=hint, reader=reader)
 
 
 def _taken_in_before_the_graph(node: torch.fx.Node, key: int, name: str) -> bool:
