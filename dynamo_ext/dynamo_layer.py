@@ -672,7 +672,10 @@ class FrameState:
 
         for node in self.tx.output.graph.find_nodes(op="placeholder"):
             arg = node.meta.get("grapharg")
-            real = getattr(arg, "example", None) if arg is not None else None
+            try:
+                real = arg.example if arg is not None else None
+            except Exception:  # noqa: BLE001 - an example no longer alive: not this value's base
+                continue
             if not isinstance(real, torch.Tensor) or real is value:
                 continue
             if is_traceable_wrapper_subclass(real):
