@@ -148,6 +148,15 @@ def _run(fn, calls, inputs):
     return outs
 
 
+def _eager_then_compiled(fn, backend, fullgraph):
+    """Three eager calls on one input; an equal input and the compiled function for the other."""
+    x_e, w_e = _counted()
+    eager = _run(fn, 3, (x_e, w_e))
+    x_c, w_c = _counted()
+    torch._dynamo.reset()
+    return eager, w_e, x_c, w_c, torch.compile(fn, backend=backend, fullgraph=fullgraph)
+
+
 def _assert_outs(compiled, eager):
     assert len(compiled) == len(eager)
     for c_call, e_call in zip(compiled, eager):
@@ -159,11 +168,7 @@ def _assert_outs(compiled, eager):
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 @pytest.mark.parametrize("fn", REFUSED, ids=lambda f: f.__name__)
 def test_a_tensor_dispatch_changed_in_place_is_not_read_from_before_the_op(fn, backend, fullgraph):
-    x_e, w_e = _counted()
-    eager = _run(fn, 3, (x_e, w_e))
-    x_c, w_c = _counted()
-    torch._dynamo.reset()
-    compiled = torch.compile(fn, backend=backend, fullgraph=fullgraph)
+    eager, w_e, x_c, w_c, compiled = _eager_then_compiled(fn, backend, fullgraph)
     if fullgraph:
         with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: unsupported_state_read") as refused:
             compiled(x_c, w_c)
@@ -179,11 +184,7 @@ def test_a_tensor_dispatch_changed_in_place_is_not_read_from_before_the_op(fn, b
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 @pytest.mark.parametrize("fn", KEPT, ids=lambda f: f.__name__)
 def test_a_tensor_dispatch_changed_in_place_returned_or_read_before_compiles_whole(fn, backend, fullgraph):
-    x_e, w_e = _counted()
-    eager = _run(fn, 3, (x_e, w_e))
-    x_c, w_c = _counted()
-    torch._dynamo.reset()
-    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    eager, w_e, x_c, w_c, compiled = _eager_then_compiled(fn, backend, fullgraph)
     _assert_outs(_run(compiled, 3, (x_c, w_c)), eager)
     assert_same_state(w_e, w_c, "input")
     assert not leaked_fakes(w_c)
