@@ -652,11 +652,13 @@ class FrameState:
             lambda obj, name=name: handoff.same_view(capture.eager_lookup(obj, name)[0], size, stride, offset),
             f".{name} is a view with sizes {size}, strides {stride}, offset {offset}",
         )
-        guards.lambda_(
-            ref.source,
-            lambda obj, name=name, src=real_base: capture.storage_key(capture.eager_lookup(obj, name)[0]) == capture.storage_key(src),
-            f".{name} shares its storage with the graph input it was a view of",
-        )
+        base_ref = weakref.ref(real_base)  # the guard does not keep the input alive
+
+        def same_storage(obj: Any, name: str = name) -> bool:
+            base_now = base_ref()
+            return base_now is not None and capture.storage_key(capture.eager_lookup(obj, name)[0]) == capture.storage_key(base_now)
+
+        guards.lambda_(ref.source, same_storage, f".{name} shares its storage with the graph input it was a view of")
         fake = view.meta["example_value"]
         if t.shared:
             capture.obj_dict(t.obj)[name] = fake
