@@ -1271,11 +1271,10 @@ class _InPlaceWatch(torch.utils._python_dispatch.TorchDispatchMode):
         if schema is not None and schema.is_mutable:
             import torch.utils._pytree as pytree
 
-            positional = [a for a in schema.arguments if not a.kwarg_only]
-            for i, arg in enumerate(schema.arguments):
+            for i, arg in enumerate(schema.arguments):  # keyword-only ones come last
                 if arg.alias_info is None or not arg.alias_info.is_write:
                     continue
-                value = args[i] if not arg.kwarg_only and i < len(positional) and i < len(args) else kwargs.get(arg.name)
+                value = args[i] if not arg.kwarg_only and i < len(args) else kwargs.get(arg.name)
                 for t in pytree.tree_leaves(value):
                     if isinstance(t, torch.Tensor):
                         key = storage_key(t)

@@ -607,13 +607,7 @@ class FrameState:
             # its own, handed to no op of Dynamo's graph: tracked here, with its source, its
             # reads are answered from the real object and guarded and its writes replayed.
             self._track_real(fake, value, Ref(vt, vt.source, proxy.node))
-        if t.shared:
-            # The object is shared with eager: the fake stands in for the trace and is
-            # put back when the frame is compiled.
-            capture.obj_dict(t.obj)[name] = fake
-            t.settled.add(name)
-        else:
-            t.set_answer(name, fake)
+        _hand_seeded(t, name, fake)
 
     def _seed_as_view(self, t: Tracked, ref: Ref, name: str, value: Any) -> bool:
         """Note [A tensor attribute that is a view of another input]
@@ -659,12 +653,7 @@ class FrameState:
             return base_now is not None and capture.storage_key(capture.eager_lookup(obj, name)[0]) == capture.storage_key(base_now)
 
         guards.lambda_(ref.source, same_storage, f".{name} shares its storage with the graph input it was a view of")
-        fake = view.meta["example_value"]
-        if t.shared:
-            capture.obj_dict(t.obj)[name] = fake
-            t.settled.add(name)
-        else:
-            t.set_answer(name, fake)
+        _hand_seeded(t, name, view.meta["example_value"])
         return True
 
     def _input_holding_storage(self, key: int, value: Any) -> tuple[Any, str | None, Any] | None:
@@ -1617,6 +1606,17 @@ class _NeedsSeed(BaseException):
         self.name = name
 
 
+def _hand_seeded(t: Tracked, name: str, fake: Any) -> None:
+    """Give the traced object the graph value a read of ``name`` was seeded with."""
+    if t.shared:
+        # The object is shared with eager: the fake stands in for the trace and is put back
+        # when the frame is compiled.
+        capture.obj_dict(t.obj)[name] = fake
+        t.settled.add(name)
+    else:
+        t.set_answer(name, fake)
+
+
 class _NeedsWatch(BaseException):
     """Dispatch is about to run code found only now (See Note [Code an attribute holds]):
     guard and watch what it reaches, re-run the op. A BaseException as _NeedsSeed is."""
@@ -2318,7 +2318,8 @@ def _changes_its_first_argument(node: torch.fx.Node) -> bool:
     if target in _IN_PLACE_OPERATORS:
         return True
     if isinstance(target, torch._ops.OpOverload):
-        return bool(target._schema.arguments) and target._schema.arguments[0].alias_info is not None and target._schema.arguments[0].alias_info.is_write
+        first = target._schema.arguments[0].alias_info if target._schema.arguments else None
+        return first is not None and first.is_write
     name = getattr(target, "__name__", "")
     return getattr(target, "__objclass__", None) is torch._C.TensorBase and name.endswith("_") and not name.startswith("_")
 
@@ -2332,7 +2333,7 @@ def _refuse_a_subclass_the_program_changed_under(tx: Any, node: torch.fx.Node) -
     the later op's dispatch computed from the value before the change, silently (stock
     alike; an outside tester's find, once a view attribute of ``elem`` made it loud). An op
     handed that subclass after such a change is refused (``unsupported_state_read``); under
-    ``fullgraph=False`` the graph breaks there and the op runs eagerly."""
+    ``fullgraph=False`` the whole frame runs eagerly (``_refuse_the_frame``)."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     program_changed = tx.output.__dict__.get(_PROGRAM_CHANGED_KEY)
@@ -2372,7 +2373,7 @@ def _refuse_the_frame(
     made): a graph break here would keep that op compiled, whose write-back differs from eager
     (an inner tensor's ``_version`` bumped twice), so under ``fullgraph=False`` the whole frame
     runs eagerly; under ``fullgraph=True`` it is Dynamo's ``Unsupported``."""
-    if not (_fullgraph(getattr(tx.output, "root_tx", tx)) or _fullgraph(tx)):
+    if not _under_fullgraph(tx):
         from .errors import SubclassWriteError
 
         raise _RunFrameEagerly(SubclassWriteError(kind, cls.__name__, attr, value_type, context))
@@ -2517,7 +2518,7 @@ def _propagate(
                 _graph_break(*bad.args_)
             except capture.FlattenMismatch as bad:
                 checkpoint.rollback()
-                if isinstance(bad, capture.MarkedDynamic) and not (_fullgraph(getattr(tx.output, "root_tx", tx)) or _fullgraph(tx)):
+                if isinstance(bad, capture.MarkedDynamic) and not _under_fullgraph(tx):
                     raise _RunFrameEagerly(bad.as_refusal())
                 _graph_break(RefusalKind[bad.kind_name], bad.tracked or blame(), bad.name, bad.value_type, bad.context, bad.hint)
             except Exception as exc:
@@ -2792,6 +2793,11 @@ def _fullgraph(tx: Any) -> bool:
     """Whether a graph break would raise in ``tx`` (``fullgraph=True``, or Dynamo's
     ``error_on_graph_break``)."""
     return bool(getattr(tx, "one_graph", False) or getattr(tx, "error_on_graph_break", False))
+
+
+def _under_fullgraph(tx: Any) -> bool:
+    """Whether a graph break would raise in ``tx`` or in the frame it is inlined into."""
+    return _fullgraph(getattr(tx.output, "root_tx", tx)) or _fullgraph(tx)
 
 
 def make_compile_subgraph_hook(original: Callable[..., Any]) -> Callable[..., Any]:
