@@ -1690,6 +1690,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                         raise
                 if planner is not None:
                     planner.made_by_dispatch = _made_by_dispatch(out)
+                scope.refuse_changed_class()
             except capture.FlattenMismatch as bad:
                 raise bad.as_refusal() from None
             if changes:

@@ -311,7 +311,7 @@ class Tracked:
     __slots__ = (
         "obj", "real", "data", "flatten_names", "entry", "entry_containers", "expected",
         "containers", "settled", "absent", "written", "assigned", "dict_complete", "_inner_ids", "plain_inner", "born", "on_read",
-        "slot_names", "entry_version", "pending",
+        "slot_names", "entry_version", "pending", "entry_type",
     )
 
     def __init__(self, obj: Any, real: Any, data: Any = None) -> None:
@@ -324,6 +324,7 @@ class Tracked:
         self.entry = dict(user_state(obj_dict(obj)))
         # the traced tensor's own version counter when tracking began (See version_delta)
         self.entry_version = _raw_version(obj)
+        self.entry_type = type(obj)  # See Note [State outside the instance dict]
         self.entry_containers = {
             k: _snapshot(v) for k, v in self.entry.items() if isinstance(v, PLAIN_MUTABLE) and not contains_tensor(v)
         }
@@ -515,6 +516,47 @@ class SlotState(FlattenMismatch):
             f"dispatch {verb} {name!r}, a __slots__ member of {tracked.cls_name}: slot state is not carried "
             "into the traced program (the traced instance's slot is not the real object's)"
         )
+
+
+# Note [State outside the instance dict]
+# Besides its instance dict, dispatch can change what a tensor is: its class
+# (``self.__class__ = Frozen``, a state machine's switch), or its autograd state
+# (``self.requires_grad_(False)``, ``self.grad = g``, ``self.data = t``, ``self.register_hook(h)``).
+# On an object that stands for a real one those changes land on the traced instance only: the
+# AOT backends lost them silently (the class swap, the hook, the gradient) or failed to
+# compile where eager runs (``requires_grad_`` on an instance that is no leaf when traced;
+# outside testers' finds). Refused (``inner_metadata_mutation``) when dispatch makes them, with
+# nothing touched; under ``fullgraph=False`` the op runs eagerly. Objects the trace made are
+# the trace's own (a result whose class dispatch sets comes out of the graph with it).
+
+#: names whose assignment goes to the tensor itself, not its instance dict
+_TENSOR_STATE_NAMES = frozenset({"requires_grad", "grad", "data"})
+#: methods that change a tensor's autograd state
+_TENSOR_STATE_METHODS = frozenset(
+    {"requires_grad_", "retain_grad", "register_hook", "register_post_accumulate_grad_hook"}
+)
+
+
+class UntracedState(FlattenMismatch):
+    """See Note [State outside the instance dict]."""
+
+    kind_name = "INNER_METADATA_MUTATION"
+    hint = "Keep such state in an attribute (self.frozen = True) and branch on it in dispatch."
+
+    def __init__(self, tracked: Tracked, name: str, what: str) -> None:
+        super().__init__(tracked, name)
+        self.value_type = what
+        self.context = (
+            f"dispatch changed {name!r} of a {tracked.cls_name} that stands for the caller's object: "
+            "the traced instance's class and autograd state are not the real object's, and the "
+            "compiled program cannot replay such a change"
+        )
+
+
+def _changes_tensor_state(t: Tracked, name: str, depth: int) -> bool:
+    """``name`` set or called by user code on an object standing for the caller's changes
+    what it is (See Note [State outside the instance dict])."""
+    return t.real is not None and not t.born and _called_from_user(depth + 2)
 
 
 def _user_slot_names(cls: type) -> frozenset[str]:
@@ -881,6 +923,13 @@ class Scope:
 
     # -- after the traced code ran -----------------------------------------
 
+    def refuse_changed_class(self) -> None:
+        """A class swap ``object.__setattr__`` made, past the hooks (See Note [State outside
+        the instance dict])."""
+        for t in self.tracked.values():
+            if t.real is not None and not t.born and type(t.obj) is not t.entry_type:
+                raise UntracedState(t, "__class__", "type")
+
     def settle(self) -> list[Write]:
         """Catch what attribute syntax did not show, and return the writes made since
         the last call, in order."""
@@ -1057,6 +1106,8 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
             if scope is None or name[:2] == "__" or id(obj) in scope.constructing:
                 return get_(obj, name)
             t = scope.track(obj, obj)  # a registered state object the trace reached through a ctx
+        if name in _TENSOR_STATE_METHODS and _changes_tensor_state(t, name, 1):
+            raise UntracedState(t, name, "method")
         if scope.on_access is not None:  # type: ignore[union-attr]
             scope.on_access(sys._getframe(1), type(obj))  # type: ignore[union-attr]
         value = scope.read(t, name, get_)  # type: ignore[union-attr]
@@ -1071,6 +1122,8 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
         elif not is_torch_internal(name) and id(obj) not in scope.constructing:
             if t is None:  # a registered state object the trace reached through a ctx
                 t = scope.track(obj, obj)
+            if (name == "__class__" or name in _TENSOR_STATE_NAMES) and _changes_tensor_state(t, name, 1):
+                raise UntracedState(t, name, type(value).__name__)
             if scope.on_access is not None:  # a hook that only writes: its closure is read too
                 scope.on_access(sys._getframe(1), type(obj))
             if own_setattr:

@@ -2274,7 +2274,9 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(node, tx, allow_non_graph_fake)
         for arg in _tensor_arg_nodes(node, subclass=False):
             state.track_plain_arg(arg)
-        return _propagate(state, node, tx, original, allow_non_graph_fake, tracked)
+        result = _propagate(state, node, tx, original, allow_non_graph_fake, tracked)
+        _refuse_a_written_view_of_a_changed_tensor(tx, state)
+        return result
 
     return _get_fake_value_impl
 
@@ -2297,6 +2299,91 @@ def _refuse_a_tensor_dispatch_changed(tx: Any, node: torch.fx.Node) -> None:
                 "read it from before that op",
                 hint="Read it outside the compiled function (fullgraph=False runs the frame eagerly).",
                 reader="the compiled function",
+            )
+
+
+def _refuse_a_written_view_of_a_changed_tensor(tx: Any, state: FrameState) -> None:
+    """Note [A written view of a tensor dispatch changes in place]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Dispatch writes a view of a tensor an attribute holds (``self.recent = self.hist[:2]``,
+    ``self.row0 = self.elem[0]``, ``self.hist.detach()``), and in the same graph dispatch
+    changes that tensor in place (rolls the history, ``w.mul_(0.5)``), before or after the
+    write. In eager the attribute stays a view and follows every later change of the tensor.
+    The AOT backends write an inner tensor's change back into the caller's tensor after the
+    graph and return the written view as a graph output computed from the new value, on a
+    storage of its own: it kept the values of the call, silently (an outside tester's find,
+    a QLoRA loop's kept history stale after its optimizer steps). Without the change in place
+    the output is regenerated as a view of the caller's tensor and stays one. Refused
+    (``opaque_value``); under ``fullgraph=False`` the frame runs eagerly."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    changed = state.scope.changed_in_place
+    if not changed:
+        return
+    _refuse_a_changed_tensor_two_inputs_hold(tx, state, changed)
+    # the storages of tensors the caller's objects held when the trace took them (a tensor the
+    # graph made, written and then changed in place, is a graph output of its own: no view)
+    taken_in = {
+        capture.storage_key(v)
+        for t in list(state.scope.tracked.values())
+        if t.real is not None and not t.born
+        for v in t.entry.values()
+        if isinstance(v, torch.Tensor) and not is_traceable_wrapper_subclass(v)
+    }
+    for t in list(state.scope.tracked.values()):
+        for name in t.written:
+            value = t.expected.get(name)
+            if (
+                not isinstance(value, torch.Tensor) or is_traceable_wrapper_subclass(value)
+                or value is t.entry.get(name)
+            ):
+                continue
+            key = capture.storage_key(value)
+            if key in changed and key in taken_in:
+                holder, held = changed[key]
+                _refuse_the_frame(
+                    tx, RefusalKind.OPAQUE_VALUE, type(t.obj), name, "Tensor",
+                    f"dispatch wrote {name!r} as a view of the tensor {type(holder).__name__} holds as {held!r}, "
+                    "which dispatch changes in place in the same graph; the compiled program would hand "
+                    "back a copy that no longer follows that tensor",
+                    hint="Write a copy (.clone()) or keep the index and take the view where it is used "
+                    "(fullgraph=False runs the frame eagerly).",
+                    reader=f"{t.cls_name}.__torch_dispatch__",
+                )
+
+
+def _refuse_a_changed_tensor_two_inputs_hold(tx: Any, state: FrameState, changed: dict[int, tuple[Any, str]]) -> None:
+    """Note [A tensor two inputs hold, changed in place by dispatch]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Two subclass inputs hold one tensor (a scale shared by the weights of a float8 model), and
+    dispatch changes it in place through one of them. AOTAutograd takes each input's inner
+    tensors as inputs of their own, not knowing they alias: stock lost the change and computed
+    the second weight's op from the old value, silently; with dynamo_ext's write-back
+    AOTAutograd failed on its own graph check, under ``fullgraph=False`` too (an outside
+    tester's find). Refused (``unsupported_state_read``); under ``fullgraph=False`` the frame
+    runs eagerly. One object handed twice holds it once, and compiles."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    holders: dict[int, list[tuple[Any, str]]] = {}
+    for t in list(state.scope.tracked.values()):
+        if t.real is None or t.born or not isinstance(t.obj, torch.Tensor):
+            continue
+        for name, value in capture.obj_dict(t.obj).items():
+            if isinstance(value, torch.Tensor) and not is_traceable_wrapper_subclass(value):
+                key = capture.storage_key(value)
+                if key in changed and not any(o is t.obj for o, _ in holders.get(key, ())):
+                    holders.setdefault(key, []).append((t.obj, name))
+    for key, held in holders.items():
+        if len(held) > 1:
+            (first, name), (second, other) = held[:2]
+            _refuse_the_frame(
+                tx, RefusalKind.UNSUPPORTED_STATE_READ, type(first), name, "Tensor",
+                f"two inputs hold one tensor ({type(first).__name__}.{name} and {type(second).__name__}.{other}) "
+                "and dispatch changes it in place; the AOT backends take each input's tensor apart "
+                "and would not carry the change from one to the other",
+                hint="Keep the shared tensor in one object (a registered ctx state) or change it "
+                "outside the compiled function (fullgraph=False runs the frame eagerly).",
+                reader=f"{type(first).__name__}.__torch_dispatch__",
             )
 
 
@@ -2478,6 +2565,7 @@ def _propagate(
                     checkpoint.rollback()  # code found while it ran handles exceptions: again, watched
                     continue
                 writes = scope.settle()
+                scope.refuse_changed_class()
                 users = _users_own(scope.raised)
                 if users:
                     raise _Refused(*_swallowed_refusal(state, node, users))
