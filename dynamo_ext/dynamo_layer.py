@@ -2619,6 +2619,9 @@ def _propagate(
                     # the user's ``w * x`` line with torch's frames below it)
                     _graph_break(*_swallowed_refusal(state, node, users))
                 if user is not None:
+                    # named by what left dispatch, not torch's wrapper around it (an outside
+                    # tester's find: "raised RuntimeError" for the user's own exception class)
+                    user = _left_dispatch(exc, scope.raised) or user
                     _graph_break(RefusalKind.DISPATCH_RAISED, blame(), "<dispatch>", type(user).__name__, repr(user)[:300])
                 if state.tensor_reads and _real_tensor_in_fake_propagation(exc):
                     _graph_break(

@@ -127,6 +127,7 @@ REFUSALS: dict[RefusalKind, Refusal] = {
             "objects, not on tensors, so the deletion would be lost.",
             ("Reset the attribute to None instead of deleting it.",),
             "both",
+            what="deleted attribute {attr!r} (it held a {value_type}) on a traced object",
         ),
         Refusal(
             RefusalKind.WRITE_IN_BACKWARD,
