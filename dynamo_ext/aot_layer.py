@@ -1614,6 +1614,26 @@ def _made_by_dispatch(out: Any) -> dict[type, list[dict]]:
     return found
 
 
+def _refuse_what_left_dispatch(exc: BaseException, scope: capture.Scope) -> None:
+    """An exception left a dispatch call in an AOTAutograd pass where Dynamo's trace of the op
+    did not raise (``self.elem.requires_grad = True`` on an inner tensor that is no leaf when
+    AOTAutograd traces it; an outside tester's find): a refusal (``dispatch_raised``), not a
+    compile failure, so that under ``fullgraph=False`` the frame runs eagerly and raises
+    nothing eager does not."""
+    if not isinstance(exc, Exception) or isinstance(exc, SubclassWriteError):
+        return
+    left, seen = exc, 0
+    while left is not None and seen < 6 and not any(left is r for r in scope.raised):
+        left, seen = left.__cause__ or left.__context__, seen + 1
+    if left is None or seen >= 6:
+        return
+    raise SubclassWriteError(
+        RefusalKind.DISPATCH_RAISED, next((t.cls_name for t in scope.tracked.values()), "traced function"),
+        "<dispatch>", type(left).__name__,
+        context=f"{type(left).__name__} left dispatch in an AOTAutograd pass ({str(left)[:200]!r})",
+    ) from exc
+
+
 def _global_autograd_state() -> tuple[int, bool, str | None, bool]:
     """Note [A pass that raised inside a functorch transform]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -1685,8 +1705,9 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                 with scope.active(), watch.watching() as changes:
                     try:
                         out = fn(*args, **kwargs)
-                    except BaseException:
+                    except BaseException as exc:
                         _restore_global_autograd_state(entry_state)
+                        _refuse_what_left_dispatch(exc, scope)
                         raise
                 if planner is not None:
                     planner.made_by_dispatch = _made_by_dispatch(out)

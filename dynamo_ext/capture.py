@@ -311,7 +311,7 @@ class Tracked:
     __slots__ = (
         "obj", "real", "data", "flatten_names", "entry", "entry_containers", "expected",
         "containers", "settled", "absent", "written", "assigned", "dict_complete", "_inner_ids", "plain_inner", "born", "on_read",
-        "slot_names", "entry_version", "pending", "entry_type",
+        "slot_names", "entry_version", "pending", "entry_type", "entry_inner_autograd",
     )
 
     def __init__(self, obj: Any, real: Any, data: Any = None) -> None:
@@ -325,6 +325,10 @@ class Tracked:
         # the traced tensor's own version counter when tracking began (See version_delta)
         self.entry_version = _raw_version(obj)
         self.entry_type = type(obj)  # See Note [State outside the instance dict]
+        self.entry_inner_autograd = (
+            {k: (v, _autograd_state(v)) for k, v in self.entry.items() if _plain_tensor(v)}
+            if real is not None and isinstance(obj, torch.Tensor) else {}
+        )
         self.entry_containers = {
             k: _snapshot(v) for k, v in self.entry.items() if isinstance(v, PLAIN_MUTABLE) and not contains_tensor(v)
         }
@@ -527,7 +531,10 @@ class SlotState(FlattenMismatch):
 # compile where eager runs (``requires_grad_`` on an instance that is no leaf when traced;
 # outside testers' finds). Refused (``inner_metadata_mutation``) when dispatch makes them, with
 # nothing touched; under ``fullgraph=False`` the op runs eagerly. Objects the trace made are
-# the trace's own (a result whose class dispatch sets comes out of the graph with it).
+# the trace's own (a result whose class dispatch sets comes out of the graph with it). The same
+# changes on a plain tensor an input holds (``self.elem.requires_grad_()``, ``.grad =``,
+# ``.data =``, a hook) are found when the op settles, against what the tensor had when the
+# trace took the input (``Tracked.entry_inner_autograd``).
 
 #: names whose assignment goes to the tensor itself, not its instance dict
 _TENSOR_STATE_NAMES = frozenset({"requires_grad", "grad", "data"})
@@ -535,6 +542,26 @@ _TENSOR_STATE_NAMES = frozenset({"requires_grad", "grad", "data"})
 _TENSOR_STATE_METHODS = frozenset(
     {"requires_grad_", "retain_grad", "register_hook", "register_post_accumulate_grad_hook"}
 )
+
+
+#: what ``_autograd_state`` holds, in order
+_AUTOGRAD_FIELDS = ("requires_grad", "grad", "register_hook", "data")
+
+
+def _plain_tensor(value: Any) -> bool:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return isinstance(value, torch.Tensor) and not is_traceable_wrapper_subclass(value)
+
+
+def _autograd_state(t: torch.Tensor) -> tuple:
+    """A plain tensor's autograd state dispatch may change without an op: ``requires_grad``,
+    its gradient (by identity), its hooks, and the storage ``.data =`` rebinds."""
+    with unobserved():
+        base = torch._C.TensorBase
+        grad = base._grad.__get__(t)  # type: ignore[attr-defined]
+        hooks = base._backward_hooks.__get__(t)  # type: ignore[attr-defined]
+        return (base.requires_grad.__get__(t), id(grad) if grad is not None else None, len(hooks or ()), storage_key(t))
 
 
 class UntracedState(FlattenMismatch):
@@ -551,6 +578,20 @@ class UntracedState(FlattenMismatch):
             "the traced instance's class and autograd state are not the real object's, and the "
             "compiled program cannot replay such a change"
         )
+
+
+class OddName(FlattenMismatch):
+    """Dispatch sets or reads an attribute whose name is no identifier (``setattr(self,
+    "stats.n", v)``, legal Python): Dynamo's guards and residual bytecode name attributes by
+    identifiers, and failed on it, under ``fullgraph=False`` too (an outside tester's find)."""
+
+    value_type = "attribute name"
+    hint = "Use attribute names that are identifiers, or keep such keys in a dict the ctx holds as a tuple."
+
+    def __init__(self, tracked: Tracked, name: str, verb: str) -> None:
+        super().__init__(tracked, name)
+        self.kind_name = "OPAQUE_VALUE" if verb == "set" else "UNSUPPORTED_STATE_READ"
+        self.context = f"dispatch {verb} attribute {name!r}, a name that is not an identifier"
 
 
 def _changes_tensor_state(t: Tracked, name: str, depth: int) -> bool:
@@ -924,11 +965,18 @@ class Scope:
     # -- after the traced code ran -----------------------------------------
 
     def refuse_changed_class(self) -> None:
-        """A class swap ``object.__setattr__`` made, past the hooks (See Note [State outside
-        the instance dict])."""
-        for t in self.tracked.values():
-            if t.real is not None and not t.born and type(t.obj) is not t.entry_type:
+        """A class swap ``object.__setattr__`` made, past the hooks, or a change of the autograd
+        state of a plain tensor an input holds (See Note [State outside the instance dict])."""
+        for t in list(self.tracked.values()):
+            if t.real is None or t.born:
+                continue
+            if type(t.obj) is not t.entry_type:
                 raise UntracedState(t, "__class__", "type")
+            for name, (value, before) in t.entry_inner_autograd.items():
+                now = _autograd_state(value)
+                if now != before:
+                    what = next(w for w, b, n in zip(_AUTOGRAD_FIELDS, before, now) if b != n)
+                    raise UntracedState(t, f"{name}.{what}", "Tensor")
 
     def settle(self) -> list[Write]:
         """Catch what attribute syntax did not show, and return the writes made since
@@ -1108,6 +1156,8 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
             t = scope.track(obj, obj)  # a registered state object the trace reached through a ctx
         if name in _TENSOR_STATE_METHODS and _changes_tensor_state(t, name, 1):
             raise UntracedState(t, name, "method")
+        if not name.isidentifier() and _called_from_user(2):
+            raise OddName(t, name, "read")
         if scope.on_access is not None:  # type: ignore[union-attr]
             scope.on_access(sys._getframe(1), type(obj))  # type: ignore[union-attr]
         value = scope.read(t, name, get_)  # type: ignore[union-attr]
@@ -1124,6 +1174,8 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
                 t = scope.track(obj, obj)
             if (name == "__class__" or name in _TENSOR_STATE_NAMES) and _changes_tensor_state(t, name, 1):
                 raise UntracedState(t, name, type(value).__name__)
+            if not name.isidentifier():
+                raise OddName(t, name, "set")
             if scope.on_access is not None:  # a hook that only writes: its closure is read too
                 scope.on_access(sys._getframe(1), type(obj))
             if own_setattr:
@@ -1143,6 +1195,8 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
         elif not is_torch_internal(name):
             if t is None:
                 t = scope.track(obj, obj)
+            if not name.isidentifier():
+                raise OddName(t, name, "deleted")
             scope.delete(t, name)
         del_(obj, name)
 

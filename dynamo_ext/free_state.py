@@ -75,10 +75,14 @@ def is_c_class(cls: type) -> bool:
     "builtins": one defined by ``exec(source, {})`` (generated or plugin code) says so too, and
     it is the user's (an outside tester's find: such a subclass was never hooked, its writes
     replayed as traced)."""
-    return not cls.__flags__ & _HEAPTYPE
+    return not cls.__flags__ & _HEAPTYPE or bool(cls.__flags__ & _IMMUTABLETYPE)
 
 
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement or type()
+# Py_TPFLAGS_IMMUTABLETYPE: a heap type of C code whose attributes cannot be set (Cython's
+# function type: hooking it failed the compile when dispatch called ``np.random.seed``, an
+# outside tester's find)
+_IMMUTABLETYPE = 1 << 8
 
 
 def is_user_class(cls: type) -> bool:
@@ -1109,6 +1113,7 @@ class ModuleWatch:
         foreign = [(owner, value, self._foreign_state(value)) for owner, value in self.foreign.values()] if self.stored_names else []
         generators = _generator_states()
         environ = _environ_now()
+        process = _process_state()
         changes: list[GlobalChange] = []
         outer, self._late = self._late, []
         _ACTIVE.watches.append(self)
@@ -1119,6 +1124,7 @@ class ModuleWatch:
             late, self._late = self._late, outer
             changes.extend(_restore_generators(generators))
             changes.extend(_restore_environ(environ))
+            changes.extend(_restore_process_state(process))
             for owner, value, state in values:
                 now = library_state(value)
                 if now is None or not _same_library_state(now, state):
@@ -1269,6 +1275,108 @@ def _generator_states() -> list[tuple[str, Any, Any]]:
         raw = np.random.get_state()
         states.append(("numpy.random", (raw[0], raw[1].tobytes(), *raw[2:]), raw))
     return states
+
+
+# Note [Process-wide state dispatch sets]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Dispatch may set state of the whole process: torch's global generator
+# (``torch.manual_seed(step)``), its default dtype, its numerics flags
+# (``torch.backends.cudnn.allow_tf32 = False``, ``set_float32_matmul_precision``), its print
+# options, a logger's level, or register a ``weakref.finalize`` on the instance. Traced, that ran once on the trace's objects: the seed
+# was set at compile time only (later draws differed from eager's, silently), the default dtype
+# was not set at all on the AOT backends, and a finalizer on a fake fired when the trace's
+# objects died, running its callback and failing the next compile (outside testers' finds).
+# The watch takes these before each traced dispatch call and puts back what it changed, which
+# is reported as a change (``global_state_write``): a refusal, with nothing touched.
+
+
+def _torch_settings() -> tuple[tuple[str, Callable[[], Any], Callable[[Any], None]], ...]:
+    b = torch.backends
+    matmul = b.cuda.matmul
+
+    def flag(owner: Any, name: str) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+        return (lambda: getattr(owner, name)), (lambda v: setattr(owner, name, v))
+
+    opts = torch._tensor_str.PRINT_OPTS
+    return (
+        *((f"set_printoptions({name})", *flag(opts, name)) for name in ("precision", "threshold", "edgeitems", "linewidth", "sci_mode")),
+        ("get_float32_matmul_precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+        (
+            "use_deterministic_algorithms",
+            lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
+            lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1]),
+        ),
+        ("get_default_dtype", torch.get_default_dtype, torch.set_default_dtype),
+        ("backends.mkldnn.enabled", *flag(b.mkldnn, "enabled")),
+        ("backends.cudnn.enabled", *flag(b.cudnn, "enabled")),
+        ("backends.cudnn.allow_tf32", *flag(b.cudnn, "allow_tf32")),
+        ("backends.cudnn.benchmark", *flag(b.cudnn, "benchmark")),
+        ("backends.cudnn.deterministic", *flag(b.cudnn, "deterministic")),
+        ("backends.cuda.matmul.allow_tf32", *flag(matmul, "allow_tf32")),
+    )
+
+
+def _process_state() -> tuple[Any, list[tuple[str, Any, Callable[[], Any], Callable[[Any], None]]], frozenset, dict]:
+    """See Note [Process-wide state dispatch sets]: torch's generator state, its settings,
+    the live ``weakref.finalize`` registrations and the loggers' levels."""
+    settings = [(name, get(), get, put) for name, get, put in _torch_settings()]
+    return _generator_bytes(), settings, frozenset(weakref.finalize._registry), _logger_levels()  # type: ignore[attr-defined]
+
+
+def _logger_levels() -> dict[Any, tuple]:
+    """Each logger's level, ``disabled`` and ``propagate``, and ``logging.disable``'s level."""
+    import logging
+
+    manager = logging.Logger.manager
+    loggers = [logging.root, *(v for v in list(manager.loggerDict.values()) if isinstance(v, logging.Logger))]
+    levels: dict[Any, tuple] = {logger: (logger.level, logger.disabled, logger.propagate) for logger in loggers}
+    levels[manager] = (manager.disable,)
+    return levels
+
+
+def _generator_bytes() -> bytes:
+    """torch's global generator state as bytes (read outside the trace's modes and functorch's
+    transforms, which would wrap the state tensor)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch._C._DisableFuncTorch():
+        return torch.random.default_generator.get_state().numpy().tobytes()
+
+
+def _restore_process_state(
+    before: tuple[Any, list[tuple[str, Any, Callable[[], Any], Callable[[Any], None]]], frozenset, dict],
+) -> list[GlobalChange]:
+    import logging
+
+    generator, settings, finalizers, levels = before
+    changes = []
+    if _generator_bytes() != generator:
+        changes.append(GlobalChange("torch", "<global generator>", "seeded or drawn from (torch.manual_seed)"))
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes(), torch._C._DisableFuncTorch():
+            torch.random.default_generator.set_state(torch.frombuffer(bytearray(generator), dtype=torch.uint8))
+    for name, value, get, put in settings:
+        now = get()
+        if type(now) is not type(value) or now != value:
+            changes.append(GlobalChange("torch", name, "set (a process-wide torch setting)"))
+            put(value)
+    added = set(weakref.finalize._registry) - finalizers  # type: ignore[attr-defined]
+    if added:
+        changes.append(GlobalChange("weakref", "finalize", "registered on a traced object (its callback runs when the trace's objects die)"))
+        for f in added:
+            f.detach()
+    for owner, state in levels.items():
+        if isinstance(owner, logging.Logger):
+            now: tuple = (owner.level, owner.disabled, owner.propagate)
+            if now != state:
+                changes.append(GlobalChange("logging", owner.name, "level set (a logger's level, disabled or propagate)"))
+                owner.setLevel(state[0])
+                owner.disabled, owner.propagate = state[1], state[2]
+        elif owner.disable != state[0]:
+            changes.append(GlobalChange("logging", "disable", "set (logging.disable)"))
+            logging.disable(state[0])
+    return changes
 
 
 def _restore_generators(before: list[tuple[str, Any, Any]]) -> list[GlobalChange]:

@@ -1,0 +1,141 @@
+"""Dispatch sets state of the whole process: torch's global generator (``torch.manual_seed``),
+its default dtype, a numerics flag, deterministic algorithms, its print options (a symbolic
+count landed there), a logger's level, numpy's seed (hooking Cython's function type failed the
+compile), or registers a ``weakref.finalize`` on the instance. Traced, that happened once on the trace's objects: the
+seed at compile time only (later draws differed from eager's), the default dtype not at all on
+the AOT backends, a finalizer firing when the trace's objects died and failing the next compile
+(outside testers' finds). Refused (``global_state_write``) with nothing changed under
+``fullgraph=True``; under ``fullgraph=False`` the op runs eagerly and the process ends as in
+eager. Each test puts back what it changes (torch's own context manager for the flag)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+
+import numpy as np
+
+import pytest
+import torch
+
+from dynamo_ext.testing import WrapperTensor
+from harness import assert_same_state
+
+FIRED: list = []
+
+
+def _set(how, n):
+    if how == "manual_seed":
+        torch.manual_seed(1000 + n)
+    elif n != 2:
+        return
+    elif how == "default_dtype":
+        torch.set_default_dtype(torch.float64)
+    elif how == "mkldnn_flag":
+        torch.backends.mkldnn.enabled = False
+    elif how == "deterministic":
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    elif how == "printoptions":
+        torch.set_printoptions(precision=2 + 2 * n)
+    elif how == "logger_level":
+        LOG.setLevel(logging.DEBUG)
+    elif how == "numpy_seed":
+        np.random.seed(n)
+
+
+class Setting(WrapperTensor):
+    WRAP_OUTPUTS = False
+    HOW = "manual_seed"
+
+    @classmethod
+    def on_op(cls, func, first):
+        first.n = first.__dict__.get("n", 0) + 1
+        if cls.HOW == "finalize":
+            weakref.finalize(first, FIRED.append, first.n)
+        else:
+            _set(cls.HOW, first.n)
+
+
+HOWS = ["manual_seed", "default_dtype", "mkldnn_flag", "deterministic", "printoptions", "logger_level", "numpy_seed", "finalize"]
+LOG = logging.getLogger("dynamo_ext_tests.process_state")
+
+
+@contextlib.contextmanager
+def _guard(how):
+    """Puts back what the test changes, with torch's own context manager where it has one."""
+    if how == "mkldnn_flag":
+        with torch.backends.mkldnn.flags(enabled=torch.backends.mkldnn.enabled):
+            yield
+        return
+    dtype = torch.get_default_dtype()
+    deterministic = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    precision = torch._tensor_str.PRINT_OPTS.precision
+    level = LOG.level
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+        torch.set_printoptions(precision=precision)
+        LOG.setLevel(level)
+
+
+def _process():
+    precision = torch._tensor_str.PRINT_OPTS.precision
+    return (
+        torch.get_default_dtype(), torch.backends.mkldnn.enabled, torch.are_deterministic_algorithms_enabled(),
+        (type(precision).__name__, precision), LOG.level, np.random.get_state()[1][:2].tolist(),
+        torch.rand(2).tolist(), list(FIRED),
+    )
+
+
+def step(w, x):
+    return w * x
+
+
+def _run(f, cls, calls=3):
+    torch.manual_seed(0)
+    np.random.seed(0)
+    FIRED.clear()
+    w = cls(torch.ones(3))
+    seen = []
+    for i in range(calls):
+        out = f(w, torch.full((3,), 2.0) + i)
+        seen.append((out.tolist(), {k: v for k, v in vars(w).items() if k != "elem"}, _process()))
+    seen.append(vars(w).get("n"))
+    return seen, w
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("how", HOWS)
+def test_dispatch_setting_process_state(how, backend, fullgraph):
+    cls = type(f"Setting_{how}", (Setting,), {"HOW": how})
+    with _guard(how):
+        eager, _ = _run(step, cls)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=backend, fullgraph=fullgraph)
+    with _guard(how):
+        if fullgraph:
+            torch.manual_seed(0)
+            np.random.seed(0)
+            FIRED.clear()
+            w = cls(torch.ones(3))
+            w.n = 1  # the traced op is the one that sets it
+            untouched = cls(torch.ones(3))
+            untouched.n = 1
+            before = _process()[:6]
+            generator = torch.get_rng_state()
+            with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: global_state_write"):
+                compiled(w, torch.ones(3))
+            assert torch.equal(torch.get_rng_state(), generator), "the refusal left the generator changed"
+            assert _process()[:6] == before
+            import gc
+
+            gc.collect()
+            assert FIRED == [], "a finalizer registered on a traced object ran"
+            assert_same_state(untouched, w, "refused input")
+            return
+        got, _ = _run(compiled, cls)
+    assert got == eager
