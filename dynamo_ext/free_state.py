@@ -1282,10 +1282,11 @@ def _generator_states() -> list[tuple[str, Any, Any]]:
 # Dispatch may set state of the whole process: torch's global generator
 # (``torch.manual_seed(step)``), its default dtype, its numerics flags
 # (``torch.backends.cudnn.allow_tf32 = False``, ``set_float32_matmul_precision``), its print
-# options, a logger's level, or register a ``weakref.finalize`` on the instance. Traced, that ran once on the trace's objects: the seed
-# was set at compile time only (later draws differed from eager's, silently), the default dtype
-# was not set at all on the AOT backends, and a finalizer on a fake fired when the trace's
-# objects died, running its callback and failing the next compile (outside testers' finds).
+# options, a logger's level, or register a ``weakref.finalize`` on the instance. Traced, that
+# ran once on the trace's objects: the seed was set at compile time only (later draws differed
+# from eager's, silently), the default dtype was not set at all on the AOT backends, a symbolic
+# count landed in the print options, and a finalizer on a fake fired when the trace's objects
+# died, running its callback and failing the next compile (outside testers' finds).
 # The watch takes these before each traced dispatch call and puts back what it changed, which
 # is reported as a change (``global_state_write``): a refusal, with nothing touched.
 
