@@ -2364,27 +2364,46 @@ def _refuse_a_changed_tensor_two_inputs_hold(tx: Any, state: FrameState, changed
     runs eagerly. One object handed twice holds it once, and compiles."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-    holders: dict[int, list[tuple[Any, str]]] = {}
+    holders: dict[int, list[tuple[Any, str, Any]]] = {}
     for t in list(state.scope.tracked.values()):
         if t.real is None or t.born or not isinstance(t.obj, torch.Tensor):
             continue
         for name, value in capture.obj_dict(t.obj).items():
             if isinstance(value, torch.Tensor) and not is_traceable_wrapper_subclass(value):
                 key = capture.storage_key(value)
-                if key in changed and not any(o is t.obj for o, _ in holders.get(key, ())):
-                    holders.setdefault(key, []).append((t.obj, name))
-    for key, held in holders.items():
-        if len(held) > 1:
-            (first, name), (second, other) = held[:2]
+                if key in changed:
+                    holders.setdefault(key, []).append((t.obj, name, value))
+    for held in holders.values():
+        # the storage held by two inputs, or by two tensors in one input's flatten list
+        # (``hist = elem[:]``: AOTAutograd takes each inner tensor as an input of its own; an
+        # outside tester's find, the next op computing from the value before the change). One
+        # tensor under two names, or one object handed twice, holds it once.
+        pair = next(
+            (
+                (a, b) for i, a in enumerate(held) for b in held[i + 1:]
+                if a[0] is not b[0] or (a[2] is not b[2] and {a[1], b[1]} <= _flatten_names_of(a[0]))
+            ),
+            None,
+        )
+        if pair is not None:
+            (first, name, _), (second, other, _) = pair
             _refuse_the_frame(
                 tx, RefusalKind.UNSUPPORTED_STATE_READ, type(first), name, "Tensor",
-                f"two inputs hold one tensor ({type(first).__name__}.{name} and {type(second).__name__}.{other}) "
-                "and dispatch changes it in place; the AOT backends take each input's tensor apart "
-                "and would not carry the change from one to the other",
+                f"two inputs, or two inner tensors of one, hold one storage ({type(first).__name__}.{name} and "
+                f"{type(second).__name__}.{other}) and dispatch changes it in place; the AOT backends take each "
+                "tensor apart and would not carry the change from one to the other",
                 hint="Keep the shared tensor in one object (a registered ctx state) or change it "
                 "outside the compiled function (fullgraph=False runs the frame eagerly).",
                 reader=f"{type(first).__name__}.__torch_dispatch__",
             )
+
+
+def _flatten_names_of(obj: Any) -> frozenset[str]:
+    with capture.unobserved():
+        try:
+            return frozenset(obj.__tensor_flatten__()[0])
+        except Exception:  # noqa: BLE001 - a flatten that fails here is not this check's business
+            return frozenset()
 
 
 _IN_PLACE_OPERATORS = frozenset({

@@ -216,3 +216,51 @@ def test_one_weight_handed_twice_compiles():
     with torch.no_grad():
         torch.testing.assert_close(compiled(x, w, w), mlp(x, we, we))
     assert_same_state(we, w)
+
+
+class TwoViews(WrapperTensor):
+    """One input whose flatten list holds two tensors on one storage (``hist = elem[:]``):
+    dispatch bumps ``hist`` in place and the next op reads ``elem``. AOTAutograd took each as an
+    input of its own: the outputs stayed a step behind eager, silently (an outside tester's
+    find). Refused; the same tensor under both names compiles."""
+
+    WRAP_OUTPUTS = False
+    INNER = ("elem", "hist")
+
+    @classmethod
+    def on_op(cls, func, first):
+        if func is aten.mul.Tensor:
+            first.hist.add_(1)
+
+
+def two_views(x, y):
+    return x * y + (x + 0)
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("same", [False, True], ids=["view", "same_tensor"])
+def test_two_inner_tensors_of_one_input_on_one_storage(same, backend, fullgraph):
+    def make():
+        b = torch.zeros(3)
+        w = TwoViews(b)
+        w.hist = b if same else b[:]
+        return w
+
+    def run(f, w):
+        with torch.no_grad():
+            outs = [f(w, torch.ones(3)).tolist() for _ in range(3)]
+        return outs, w.elem.tolist(), w.hist.tolist()
+
+    eager = run(two_views, make())
+    torch._dynamo.reset()
+    compiled = torch.compile(two_views, backend=backend, fullgraph=fullgraph)
+    w = make()
+    if fullgraph and not same:
+        untouched = make()
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: unsupported_state_read"):
+            with torch.no_grad():
+                compiled(w, torch.ones(3))
+        assert_same_state(untouched, w, "refused input")
+        return
+    assert run(compiled, w) == eager
