@@ -594,8 +594,8 @@ class OddName(FlattenMismatch):
         self.context = f"dispatch {verb} attribute {name!r}, a name that is not an identifier"
 
 
-def _changes_tensor_state(t: Tracked, name: str, depth: int) -> bool:
-    """``name`` set or called by user code on an object standing for the caller's changes
+def _changes_tensor_state(t: Tracked, depth: int) -> bool:
+    """A tensor-state name set or called by user code on an object standing for the caller's changes
     what it is (See Note [State outside the instance dict])."""
     return t.real is not None and not t.born and _called_from_user(depth + 2)
 
@@ -1154,7 +1154,7 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
             if scope is None or name[:2] == "__" or id(obj) in scope.constructing:
                 return get_(obj, name)
             t = scope.track(obj, obj)  # a registered state object the trace reached through a ctx
-        if name in _TENSOR_STATE_METHODS and _changes_tensor_state(t, name, 1):
+        if name in _TENSOR_STATE_METHODS and _changes_tensor_state(t, 1):
             raise UntracedState(t, name, "method")
         if not name.isidentifier() and _called_from_user(2):
             raise OddName(t, name, "read")
@@ -1172,7 +1172,7 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
         elif not is_torch_internal(name) and id(obj) not in scope.constructing:
             if t is None:  # a registered state object the trace reached through a ctx
                 t = scope.track(obj, obj)
-            if (name == "__class__" or name in _TENSOR_STATE_NAMES) and _changes_tensor_state(t, name, 1):
+            if (name == "__class__" or name in _TENSOR_STATE_NAMES) and _changes_tensor_state(t, 1):
                 raise UntracedState(t, name, type(value).__name__)
             if not name.isidentifier():
                 raise OddName(t, name, "set")

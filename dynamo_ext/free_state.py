@@ -1335,12 +1335,19 @@ def _logger_levels() -> dict[Any, tuple]:
     return levels
 
 
-def _generator_bytes() -> bytes:
-    """torch's global generator state as bytes (read outside the trace's modes and functorch's
-    transforms, which would wrap the state tensor)."""
+@contextlib.contextmanager
+def _outside_traces() -> Iterator[None]:
+    """Outside the trace's dispatch modes and functorch's transforms, which would wrap the
+    generator's state tensor."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes(), torch._C._DisableFuncTorch():
+        yield
+
+
+def _generator_bytes() -> bytes:
+    """torch's global generator state as bytes."""
+    with _outside_traces():
         return torch.random.default_generator.get_state().numpy().tobytes()
 
 
@@ -1353,9 +1360,7 @@ def _restore_process_state(
     changes = []
     if _generator_bytes() != generator:
         changes.append(GlobalChange("torch", "<global generator>", "seeded or drawn from (torch.manual_seed)"))
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        with _disable_current_modes(), torch._C._DisableFuncTorch():
+        with _outside_traces():
             torch.random.default_generator.set_state(torch.frombuffer(bytearray(generator), dtype=torch.uint8))
     for name, value, get, put in settings:
         now = get()
