@@ -583,7 +583,7 @@ class Planner:
             for obj in self.record.shared_objects:
                 watch.add_object(type(obj).__name__, obj, "set in the traced backward")
             block = contextlib.ExitStack()
-            self._shared_in_backward = (block, block.enter_context(watch.watching()))
+            self._shared_in_backward = (block, block.enter_context(watch.watching(process=False)))
 
     def close_late(self) -> None:
         self._late_pending = None
@@ -1700,6 +1700,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
         net: list[Write] = []
         read: dict[tuple[int, str], Any] = {}
         entry_state = _global_autograd_state()
+        before = scope.autograd_states()
         try:
             try:
                 with scope.active(), watch.watching() as changes:
@@ -1711,7 +1712,11 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                         raise
                 if planner is not None:
                     planner.made_by_dispatch = _made_by_dispatch(out)
-                scope.refuse_changed_class()
+                scope.refuse_changed_class(before)
+                if scope.tracked:
+                    scope.refuse_autograd_set_by_hand(
+                        next(iter(scope.tracked.values())), before, capture.inner_plain_tensors(out), scope.written_so_far()
+                    )
             except capture.FlattenMismatch as bad:
                 raise bad.as_refusal() from None
             if changes:

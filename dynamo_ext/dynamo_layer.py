@@ -2540,6 +2540,16 @@ def _runs_only_on_its_arguments(node: torch.fx.Node) -> bool:
     return (module == "torch" or module.startswith("torch.")) and not module.startswith(_REACHING_MODULES)
 
 
+_AUTOGRAD_METHODS = frozenset({"requires_grad_", "detach_", "retain_grad", "register_hook", "register_post_accumulate_grad_hook"})
+
+
+def _sets_autograd_state(node: torch.fx.Node) -> bool:
+    """An op of the compiled function's own that sets its argument's autograd state
+    (``x.requires_grad_()``): the change is the op's, not dispatch's."""
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
+    return name in _AUTOGRAD_METHODS
+
+
 _MAX_ITEMS_GUARDED = 64  # items of a container guarded one by one
 
 
@@ -2575,6 +2585,7 @@ def _propagate(
                 del scope.decomposed[:]
                 scope.watch_caught = watched = state.collector.catches
                 state.touched = False
+                before = scope.autograd_states() if not _sets_autograd_state(node) else {}
                 with scope.active(), state.watch.watching() as changes:
                     result = original(node, tx, allow)
                 # a node given no subclass that reached none (See Note [Dispatch an op runs
@@ -2584,7 +2595,10 @@ def _propagate(
                     checkpoint.rollback()  # code found while it ran handles exceptions: again, watched
                     continue
                 writes = scope.settle()
-                scope.refuse_changed_class()
+                scope.refuse_changed_class(before)
+                if tracked:
+                    made = capture.inner_plain_tensors(result) if _runs_only_on_its_arguments(node) else []
+                    scope.refuse_autograd_set_by_hand(tracked[0], before, made, writes)
                 users = _users_own(scope.raised)
                 if users:
                     raise _Refused(*_swallowed_refusal(state, node, users))

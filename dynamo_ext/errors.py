@@ -176,14 +176,15 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         Refusal(
             RefusalKind.INNER_METADATA_MUTATION,
             "Tensor metadata changed in place: an inner tensor's sizes or strides (self.elem.t_()), its "
-            "data on a parameter with grad on or in the backward; the class or autograd state of an input "
-            "or its inner tensors (self.__class__ = C, requires_grad_, .grad, register_hook).",
+            "data on a parameter with grad on or in the backward; the class or autograd state of an input, "
+            "its inner tensors or a tensor the op is handed (self.__class__ = C, requires_grad_, .grad, "
+            "register_hook), or autograd state set on a tensor dispatch makes and hands out or writes.",
             "AOTAutograd cannot represent an in-place metadata change of a subclass input "
             "(stock: 'Metadata mutations are currently not allowed on tensor subclasses'), nor "
             "write back an inner tensor's in-place data change under autograd (stock returns "
             "None from the compiled function or fails to partition the graph); the class or autograd "
-            "state of an input or its inner tensors changed by dispatch changes only the traced "
-            "objects, and the compiled program cannot replay it.",
+            "state dispatch sets changes only the traced objects (the compiled program makes its "
+            "tensors as graph outputs, without it), and the compiled program cannot replay it.",
             (
                 "Assign a new tensor instead (self.elem = self.elem.t() rather than self.elem.t_(), "
                 "self.history = torch.roll(self.history, 1) rather than copy_): dynamo_ext replays that write.",

@@ -916,7 +916,7 @@ class _Namespace:
     it is as the walk found it (checked by identity before each op): the walk, not the
     check, is what costs (See Note [The global-state watch's cost])."""
 
-    __slots__ = ("bindings", "held", "memos", "stateful")
+    __slots__ = ("bindings", "held", "memos", "stateful", "tensors")
 
     def __init__(self, bindings: dict[str, Any]) -> None:
         self.bindings = bindings  # the names without dunders (Dynamo adds its own to a module's)
@@ -924,6 +924,14 @@ class _Namespace:
         self.held = _snapshot_held(pairs)
         self.memos = _snapshot_memos(pairs)
         self.stateful = [(k, v) for k, v in pairs if type(v) in STATEFUL]
+        # plain tensors it binds or its containers hold (See Note [Autograd state of a global tensor])
+        self.tensors = [
+            (k, v) for k, v in pairs if type(v) is torch.Tensor or type(v) is torch.nn.Parameter
+        ] + [
+            (label, v) for label, _, contents in self.held
+            for v in (contents.values() if isinstance(contents, dict) else contents)
+            if type(v) is torch.Tensor or type(v) is torch.nn.Parameter
+        ]
 
     def holds(self, bindings: dict[str, Any]) -> bool:
         """Still what it was walked as: the same bindings, containers holding the same items,
@@ -1094,8 +1102,11 @@ class ModuleWatch:
         self.modules[module_name] = vars(module)
 
     @contextlib.contextmanager
-    def watching(self) -> Iterator[list[GlobalChange]]:
-        """Yield a list that, after the block, holds what the block changed (and undid)."""
+    def watching(self, process: bool = True) -> Iterator[list[GlobalChange]]:
+        """Yield a list that, after the block, holds what the block changed (and undid);
+        ``process``: the process-wide state too (See Note [Process-wide state dispatch sets]),
+        for a block that is one traced dispatch call, not a span torch's own tracing sets
+        some of it in (AOTAutograd's joint runs in anomaly mode)."""
         walked = self._walked
         shared = _WALKS.depth > 0  # else this watch's own
         module_walks = _WALKS.modules if shared else self._module_walks
@@ -1113,7 +1124,13 @@ class ModuleWatch:
         foreign = [(owner, value, self._foreign_state(value)) for owner, value in self.foreign.values()] if self.stored_names else []
         generators = _generator_states()
         environ = _environ_now()
-        process = _process_state()
+        process = _process_state() if process else None
+        tensors = _tensor_states(
+            [(name.split("#")[0], k, v) for name, _, known in modules for k, v in known.tensors]
+            + [(cls.__qualname__, k, v) for cls, known in classes for k, v in known.tensors]
+            + [("<closure>", k, v) for _, _, known in cells for k, v in known.tensors]
+            + [(owner, k, v) for owner, _, _, _, known in objects for k, v in known.tensors]
+        )
         changes: list[GlobalChange] = []
         outer, self._late = self._late, []
         _ACTIVE.watches.append(self)
@@ -1124,7 +1141,9 @@ class ModuleWatch:
             late, self._late = self._late, outer
             changes.extend(_restore_generators(generators))
             changes.extend(_restore_environ(environ))
-            changes.extend(_restore_process_state(process))
+            if process is not None:
+                changes.extend(_restore_process_state(process))
+            changes.extend(_restore_tensor_states(tensors))
             for owner, value, state in values:
                 now = library_state(value)
                 if now is None or not _same_library_state(now, state):
@@ -1287,52 +1306,110 @@ def _generator_states() -> list[tuple[str, Any, Any]]:
 # from eager's, silently), the default dtype was not set at all on the AOT backends, a symbolic
 # count landed in the print options, and a finalizer on a fake fired when the trace's objects
 # died, running its callback and failing the next compile (outside testers' finds).
-# The watch takes these before each traced dispatch call and puts back what it changed, which
-# is reported as a change (``global_state_write``): a refusal, with nothing touched.
+# The same holds for the interpreter's and numpy's settings (``sys.setrecursionlimit``, the
+# switch interval, ``gc.set_threshold``/``gc.disable``, ``np.seterr``, numpy's print options,
+# a signal handler, an excepthook, the working directory) and torch's anomaly mode: set once at
+# compile time, they were not set again when the caller put them back between calls (outside
+# testers' finds). The watch takes these before each traced dispatch call and puts back what it
+# changed, which is reported as a change (``global_state_write``): a refusal, with nothing
+# touched.
 
 
-def _torch_settings() -> tuple[tuple[str, Callable[[], Any], Callable[[Any], None]], ...]:
+def _torch_settings() -> tuple[tuple[str, str, Callable[[], Any], Callable[[Any], None]], ...]:
+    """(module, name, get, put) of each process-wide setting the watch takes (See Note
+    [Process-wide state dispatch sets]); built once per set of loaded modules."""
+    np = sys.modules.get("numpy")
+    key = np is not None
+    cached = _SETTINGS.get(key)
+    if cached is None:
+        cached = _SETTINGS[key] = _build_settings(np)
+    return cached
+
+
+_SETTINGS: dict[bool, tuple[tuple[str, str, Callable[[], Any], Callable[[Any], None]], ...]] = {}
+
+
+def _build_settings(np: Any) -> tuple[tuple[str, str, Callable[[], Any], Callable[[Any], None]], ...]:
+    import signal
+    import threading
+
     b = torch.backends
     matmul = b.cuda.matmul
 
     def flag(owner: Any, name: str) -> tuple[Callable[[], Any], Callable[[Any], None]]:
         return (lambda: getattr(owner, name)), (lambda v: setattr(owner, name, v))
 
+    def put_gc(v: bool) -> None:
+        (gc.enable if v else gc.disable)()
+
+    # the standard signals Python can handle; realtime ones are left out (a read each costs)
+    signals = [s for s in signal.valid_signals() if s < 32 and s not in (signal.SIGKILL, signal.SIGSTOP)]
+
+    def put_signals(v: tuple) -> None:
+        for s, handler in zip(signals, v):
+            if handler is not None and signal.getsignal(s) is not handler:
+                signal.signal(s, handler)
+
     opts = torch._tensor_str.PRINT_OPTS
-    return (
-        *((f"set_printoptions({name})", *flag(opts, name)) for name in ("precision", "threshold", "edgeitems", "linewidth", "sci_mode")),
-        ("get_float32_matmul_precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+    settings: list[tuple[str, str, Callable[[], Any], Callable[[Any], None]]] = [
+        *(("torch", f"set_printoptions({name})", *flag(opts, name)) for name in ("precision", "threshold", "edgeitems", "linewidth", "sci_mode")),
+        ("torch", "get_float32_matmul_precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
         (
-            "use_deterministic_algorithms",
+            "torch", "use_deterministic_algorithms",
             lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
             lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1]),
         ),
-        ("get_default_dtype", torch.get_default_dtype, torch.set_default_dtype),
-        ("backends.mkldnn.enabled", *flag(b.mkldnn, "enabled")),
-        ("backends.cudnn.enabled", *flag(b.cudnn, "enabled")),
-        ("backends.cudnn.allow_tf32", *flag(b.cudnn, "allow_tf32")),
-        ("backends.cudnn.benchmark", *flag(b.cudnn, "benchmark")),
-        ("backends.cudnn.deterministic", *flag(b.cudnn, "deterministic")),
-        ("backends.cuda.matmul.allow_tf32", *flag(matmul, "allow_tf32")),
-    )
+        ("torch", "get_default_dtype", torch.get_default_dtype, torch.set_default_dtype),
+        (
+            "torch", "autograd.set_detect_anomaly",
+            lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
+            lambda v: torch.set_anomaly_enabled(*v),
+        ),
+        ("torch", "backends.mkldnn.enabled", *flag(b.mkldnn, "enabled")),
+        ("torch", "backends.cudnn.enabled", *flag(b.cudnn, "enabled")),
+        ("torch", "backends.cudnn.allow_tf32", *flag(b.cudnn, "allow_tf32")),
+        ("torch", "backends.cudnn.benchmark", *flag(b.cudnn, "benchmark")),
+        ("torch", "backends.cudnn.deterministic", *flag(b.cudnn, "deterministic")),
+        ("torch", "backends.cuda.matmul.allow_tf32", *flag(matmul, "allow_tf32")),
+        ("sys", "setrecursionlimit", sys.getrecursionlimit, sys.setrecursionlimit),
+        ("sys", "setswitchinterval", sys.getswitchinterval, sys.setswitchinterval),
+        ("sys", "excepthook", lambda: sys.excepthook, lambda v: setattr(sys, "excepthook", v)),
+        ("threading", "excepthook", lambda: threading.excepthook, lambda v: setattr(threading, "excepthook", v)),
+        ("gc", "set_threshold", gc.get_threshold, lambda v: gc.set_threshold(*v)),
+        ("gc", "disable", gc.isenabled, put_gc),
+        ("os", "chdir", os.getcwd, os.chdir),
+        ("signal", "signal", lambda: tuple(signal.getsignal(s) for s in signals), put_signals),
+    ]
+    if hasattr(sys, "get_int_max_str_digits"):
+        settings.append(("sys", "set_int_max_str_digits", sys.get_int_max_str_digits, sys.set_int_max_str_digits))
+    if np is not None:
+        settings.append(("numpy", "seterr", np.geterr, lambda v: np.seterr(**v)))
+        settings.append(("numpy", "set_printoptions", np.get_printoptions, lambda v: np.set_printoptions(**v)))
+    return tuple(settings)
 
 
-def _process_state() -> tuple[Any, list[tuple[str, Any, Callable[[], Any], Callable[[Any], None]]], frozenset, dict]:
-    """See Note [Process-wide state dispatch sets]: torch's generator state, its settings,
-    the live ``weakref.finalize`` registrations and the loggers' levels."""
-    settings = [(name, get(), get, put) for name, get, put in _torch_settings()]
+def _process_state() -> tuple[Any, list[tuple[str, str, Any, Callable[[], Any], Callable[[Any], None]]], frozenset, Any]:
+    """See Note [Process-wide state dispatch sets]: torch's generator state, the process's
+    settings, the live ``weakref.finalize`` registrations and the loggers' levels."""
+    settings = [(module, name, get(), get, put) for module, name, get, put in _torch_settings()]
     return _generator_bytes(), settings, frozenset(weakref.finalize._registry), _logger_levels()  # type: ignore[attr-defined]
 
 
-def _logger_levels() -> dict[Any, tuple]:
+def _logger_levels() -> tuple[list, list, int]:
     """Each logger's level, ``disabled`` and ``propagate``, and ``logging.disable``'s level."""
     import logging
 
     manager = logging.Logger.manager
-    loggers = [logging.root, *(v for v in list(manager.loggerDict.values()) if isinstance(v, logging.Logger))]
-    levels: dict[Any, tuple] = {logger: (logger.level, logger.disabled, logger.propagate) for logger in loggers}
-    levels[manager] = (manager.disable,)
-    return levels
+    known = _LOGGERS.get(len(manager.loggerDict))
+    if known is None:  # a logger made since (the list is rebuilt only then: a scan per dispatch call)
+        _LOGGERS.clear()
+        known = _LOGGERS[len(manager.loggerDict)] = [
+            logging.root, *(v for v in list(manager.loggerDict.values()) if isinstance(v, logging.Logger))
+        ]
+    return known, [(lg.level, lg.disabled, lg.propagate) for lg in known], manager.disable
+
+
+_LOGGERS: dict[int, list] = {}
 
 
 @contextlib.contextmanager
@@ -1352,36 +1429,100 @@ def _generator_bytes() -> bytes:
 
 
 def _restore_process_state(
-    before: tuple[Any, list[tuple[str, Any, Callable[[], Any], Callable[[Any], None]]], frozenset, dict],
+    before: tuple[Any, list[tuple[str, str, Any, Callable[[], Any], Callable[[Any], None]]], frozenset, Any],
 ) -> list[GlobalChange]:
     import logging
 
-    generator, settings, finalizers, levels = before
+    generator, settings, finalizers, (loggers, levels, disabled) = before
     changes = []
     if _generator_bytes() != generator:
         changes.append(GlobalChange("torch", "<global generator>", "seeded or drawn from (torch.manual_seed)"))
         with _outside_traces():
             torch.random.default_generator.set_state(torch.frombuffer(bytearray(generator), dtype=torch.uint8))
-    for name, value, get, put in settings:
+    for module, name, value, get, put in settings:
         now = get()
         if type(now) is not type(value) or now != value:
-            changes.append(GlobalChange("torch", name, "set (a process-wide torch setting)"))
+            changes.append(GlobalChange(module, name, f"set (a process-wide {module} setting)"))
             put(value)
     added = set(weakref.finalize._registry) - finalizers  # type: ignore[attr-defined]
     if added:
         changes.append(GlobalChange("weakref", "finalize", "registered on a traced object (its callback runs when the trace's objects die)"))
         for f in added:
             f.detach()
-    for owner, state in levels.items():
-        if isinstance(owner, logging.Logger):
-            now: tuple = (owner.level, owner.disabled, owner.propagate)
+    now_levels = [(lg.level, lg.disabled, lg.propagate) for lg in loggers]
+    if now_levels != levels:
+        for owner, state, now in zip(loggers, levels, now_levels):
             if now != state:
                 changes.append(GlobalChange("logging", owner.name, "level set (a logger's level, disabled or propagate)"))
                 owner.setLevel(state[0])
                 owner.disabled, owner.propagate = state[1], state[2]
-        elif owner.disable != state[0]:
-            changes.append(GlobalChange("logging", "disable", "set (logging.disable)"))
-            logging.disable(state[0])
+    if logging.Logger.manager.disable != disabled:
+        changes.append(GlobalChange("logging", "disable", "set (logging.disable)"))
+        logging.disable(disabled)
+    return changes
+
+
+# Note [Autograd state of a global tensor]
+# Dispatch reaches a real tensor through a global, a class attribute, a closure variable or an
+# object a global holds (a buffer, a registry of scales) and sets its autograd state:
+# ``G.requires_grad_()``, ``G.grad = g``, a hook, ``G.data = t``. Traced, that ran once on the
+# real tensor at compile time, never at run time; on the AOT backends a symbolic value landed
+# in a real tensor's ``.grad`` (outside testers' finds). The watch takes each such tensor's
+# autograd state before a traced dispatch call and puts back what changed, which is reported
+# as a change (``global_state_write``).
+
+
+def _tensor_states(tensors: list[tuple[str, str, torch.Tensor]]) -> list[tuple]:
+    if not tensors:
+        return []
+    base = torch._C.TensorBase
+    out = []
+    with _outside_traces():  # ``.data`` is an op: the trace's modes would take it
+        for owner, name, t in tensors:
+            hooks = base._backward_hooks.__get__(t)  # type: ignore[attr-defined]
+            out.append((
+                owner, name, t, base.requires_grad.__get__(t), base._grad.__get__(t),  # type: ignore[attr-defined]
+                hooks, tuple(hooks) if hooks else (), base.data.__get__(t),  # type: ignore[attr-defined]
+            ))
+    return out
+
+
+def _same_data(t: torch.Tensor, data: torch.Tensor) -> bool:
+    try:
+        return (
+            t.untyped_storage()._cdata == data.untyped_storage()._cdata and t.dtype == data.dtype
+            and t.shape == data.shape and t.stride() == data.stride() and t.storage_offset() == data.storage_offset()
+        )
+    except Exception:  # noqa: BLE001 - no storage to compare (a sparse tensor): compared by its metadata
+        return t.dtype == data.dtype and t.shape == data.shape
+
+
+def _restore_tensor_states(states: list[tuple]) -> list[GlobalChange]:
+    """See Note [Autograd state of a global tensor]."""
+    base = torch._C.TensorBase
+    changes = []
+    for owner, name, t, requires_grad, grad, hooks, keys, data in states:
+        hooks_now = base._backward_hooks.__get__(t)  # type: ignore[attr-defined]
+        rg_now = base.requires_grad.__get__(t)  # type: ignore[attr-defined]
+        grad_now = base._grad.__get__(t)  # type: ignore[attr-defined]
+        if (
+            rg_now is requires_grad and grad_now is grad and hooks_now is hooks
+            and (tuple(hooks_now) if hooks_now else ()) == keys and _same_data(t, data)
+        ):
+            continue
+        changes.append(GlobalChange(owner, name, "autograd state set (requires_grad, .grad, a hook or .data of a tensor a global holds)"))
+        with _outside_traces():
+            if not _same_data(t, data):
+                base.data.__set__(t, data)  # type: ignore[attr-defined]
+            if rg_now is not requires_grad and t.is_leaf:
+                t.requires_grad_(requires_grad)
+            if grad_now is not grad:
+                base._grad.__set__(t, grad)  # type: ignore[attr-defined]
+            if hooks_now is not hooks:
+                base._backward_hooks.__set__(t, hooks)  # type: ignore[attr-defined]
+            if hooks is not None:
+                for key in [k for k in hooks if k not in keys]:
+                    del hooks[key]
     return changes
 
 

@@ -11,7 +11,12 @@ eager. Each test puts back what it changes (torch's own context manager for the 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
+import os
+import signal
+import sys
+import tempfile
 import weakref
 
 import numpy as np
@@ -42,6 +47,32 @@ def _set(how, n):
         LOG.setLevel(logging.DEBUG)
     elif how == "numpy_seed":
         np.random.seed(n)
+    elif how == "recursion_limit":
+        sys.setrecursionlimit(sys.getrecursionlimit() + 100)
+    elif how == "switch_interval":
+        sys.setswitchinterval(0.001 * n)
+    elif how == "int_max_str_digits":
+        sys.set_int_max_str_digits(10000 + n)
+    elif how == "gc_threshold":
+        gc.set_threshold(1000 + n, 20, 20)
+    elif how == "gc_disable":
+        gc.disable()
+    elif how == "anomaly":
+        torch.autograd.set_detect_anomaly(True)
+    elif how == "numpy_seterr":
+        np.seterr(divide="raise")
+    elif how == "numpy_printoptions":
+        np.set_printoptions(precision=2 + n)
+    elif how == "signal":
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    elif how == "excepthook":
+        sys.excepthook = _hook
+    elif how == "chdir":
+        os.chdir(tempfile.gettempdir())
+
+
+def _hook(*args):
+    return sys.__excepthook__(*args)
 
 
 class Setting(WrapperTensor):
@@ -57,7 +88,13 @@ class Setting(WrapperTensor):
             _set(cls.HOW, first.n)
 
 
-HOWS = ["manual_seed", "default_dtype", "mkldnn_flag", "deterministic", "printoptions", "logger_level", "numpy_seed", "finalize"]
+HOWS = [
+    "manual_seed", "default_dtype", "mkldnn_flag", "deterministic", "printoptions", "logger_level", "numpy_seed",
+    "finalize",
+    # the interpreter's, numpy's and torch's other settings (outside round 37)
+    "recursion_limit", "switch_interval", "int_max_str_digits", "gc_threshold", "gc_disable", "anomaly",
+    "numpy_seterr", "numpy_printoptions", "signal", "excepthook", "chdir",
+]
 LOG = logging.getLogger("dynamo_ext_tests.process_state")
 
 
@@ -72,13 +109,37 @@ def _guard(how):
     deterministic = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     precision = torch._tensor_str.PRINT_OPTS.precision
     level = LOG.level
+    interpreter = _interpreter()
     try:
-        yield
+        with torch.autograd.set_detect_anomaly(torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()):
+            yield
     finally:
+        _put_interpreter(interpreter)
         torch.set_default_dtype(dtype)
         torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
         torch.set_printoptions(precision=precision)
         LOG.setLevel(level)
+
+
+def _interpreter():
+    return (
+        sys.getrecursionlimit(), sys.getswitchinterval(), sys.get_int_max_str_digits(), gc.get_threshold(),
+        gc.isenabled(), torch.is_anomaly_enabled(), np.geterr(), np.get_printoptions(),
+        signal.getsignal(signal.SIGUSR1), sys.excepthook, os.getcwd(),
+    )
+
+
+def _put_interpreter(v):
+    sys.setrecursionlimit(v[0])
+    sys.setswitchinterval(v[1])
+    sys.set_int_max_str_digits(v[2])
+    gc.set_threshold(*v[3])
+    (gc.enable if v[4] else gc.disable)()
+    np.seterr(**v[6])
+    np.set_printoptions(**v[7])
+    signal.signal(signal.SIGUSR1, v[8])
+    sys.excepthook = v[9]
+    os.chdir(v[10])
 
 
 def _process():
@@ -86,7 +147,7 @@ def _process():
     return (
         torch.get_default_dtype(), torch.backends.mkldnn.enabled, torch.are_deterministic_algorithms_enabled(),
         (type(precision).__name__, precision), LOG.level, np.random.get_state()[1][:2].tolist(),
-        torch.rand(2).tolist(), list(FIRED),
+        _interpreter(), torch.rand(2).tolist(), list(FIRED),
     )
 
 
@@ -125,12 +186,12 @@ def test_dispatch_setting_process_state(how, backend, fullgraph):
             w.n = 1  # the traced op is the one that sets it
             untouched = cls(torch.ones(3))
             untouched.n = 1
-            before = _process()[:6]
+            before = _process()[:7]
             generator = torch.get_rng_state()
             with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: global_state_write"):
                 compiled(w, torch.ones(3))
             assert torch.equal(torch.get_rng_state(), generator), "the refusal left the generator changed"
-            assert _process()[:6] == before
+            assert _process()[:7] == before
             import gc
 
             gc.collect()
