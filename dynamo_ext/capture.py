@@ -1070,7 +1070,10 @@ class Scope:
     ) -> None:
         """A tensor dispatch made and hands back inside a result, or writes to an attribute,
         with autograd state set by hand (See Note [Autograd state dispatch sets by hand])."""
-        found = [("<result>", v) for v in made] + [(w.name, w.value) for w in writes if _plain_tensor(w.value)]
+        found = [("<result>", v) for v in made] + [
+            (w.name, v) for w in writes if isinstance(w.value, torch.Tensor)
+            for v in (w.value, *inner_plain_tensors(w.value))
+        ]
         odd = [(name, v, what) for name, v in found if (what := _autograd_set(v)) is not None]
         if not odd:
             return

@@ -1638,16 +1638,19 @@ _TORCH_FLAG_NAMES = frozenset({
 
 
 def _torch_flags() -> tuple:
-    """torch's global numerics flags, as dispatch code may read them."""
+    """torch's global numerics flags, as dispatch code may read them (a flag whose read
+    raises as the process stands, the legacy and new ``fp32_precision`` flags mixed, is
+    compared by its error)."""
     b = torch.backends
     cuda_matmul = getattr(getattr(b, "cuda", None), "matmul", None)
+    read = free_state._read
     return (
-        torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled(),
+        read(torch.get_float32_matmul_precision), torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(), torch.get_default_dtype(),
-        b.mkldnn.enabled, b.cudnn.enabled, b.cudnn.allow_tf32, b.cudnn.benchmark, b.cudnn.deterministic,
-        getattr(cuda_matmul, "allow_tf32", None),
-        getattr(cuda_matmul, "allow_fp16_reduced_precision_reduction", None),
-        getattr(cuda_matmul, "allow_bf16_reduced_precision_reduction", None),
+        b.mkldnn.enabled, b.cudnn.enabled, read(lambda: b.cudnn.allow_tf32), b.cudnn.benchmark, b.cudnn.deterministic,
+        read(lambda: getattr(cuda_matmul, "allow_tf32", None)),
+        read(lambda: getattr(cuda_matmul, "allow_fp16_reduced_precision_reduction", None)),
+        read(lambda: getattr(cuda_matmul, "allow_bf16_reduced_precision_reduction", None)),
     )
 
 

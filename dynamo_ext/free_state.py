@@ -1333,9 +1333,6 @@ def _build_settings(np: Any) -> tuple[tuple[str, str, Callable[[], Any], Callabl
     import signal
     import threading
 
-    b = torch.backends
-    matmul = b.cuda.matmul
-
     def flag(owner: Any, name: str) -> tuple[Callable[[], Any], Callable[[Any], None]]:
         return (lambda: getattr(owner, name)), (lambda v: setattr(owner, name, v))
 
@@ -1365,12 +1362,7 @@ def _build_settings(np: Any) -> tuple[tuple[str, str, Callable[[], Any], Callabl
             lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
             lambda v: torch.set_anomaly_enabled(*v),
         ),
-        ("torch", "backends.mkldnn.enabled", *flag(b.mkldnn, "enabled")),
-        ("torch", "backends.cudnn.enabled", *flag(b.cudnn, "enabled")),
-        ("torch", "backends.cudnn.allow_tf32", *flag(b.cudnn, "allow_tf32")),
-        ("torch", "backends.cudnn.benchmark", *flag(b.cudnn, "benchmark")),
-        ("torch", "backends.cudnn.deterministic", *flag(b.cudnn, "deterministic")),
-        ("torch", "backends.cuda.matmul.allow_tf32", *flag(matmul, "allow_tf32")),
+        *_backend_flags(flag),
         ("sys", "setrecursionlimit", sys.getrecursionlimit, sys.setrecursionlimit),
         ("sys", "setswitchinterval", sys.getswitchinterval, sys.setswitchinterval),
         ("sys", "excepthook", lambda: sys.excepthook, lambda v: setattr(sys, "excepthook", v)),
@@ -1388,10 +1380,78 @@ def _build_settings(np: Any) -> tuple[tuple[str, str, Callable[[], Any], Callabl
     return tuple(settings)
 
 
+class _Unreadable:
+    """A setting whose read raises as the process stands (torch's matmul precision once the
+    new ``fp32_precision`` flags and the legacy ones are both set): compared by the error."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: type) -> None:
+        self.error = error
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Unreadable) and other.error is self.error
+
+    def __hash__(self) -> int:
+        return hash(self.error)
+
+
+def _read(get: Callable[[], Any]) -> Any:
+    try:
+        return get()
+    except Exception as exc:  # noqa: BLE001 - a read that raises is no change of dispatch's
+        return _Unreadable(type(exc))
+
+
+def _backend_flags(flag: Callable[[Any, str], tuple]) -> list[tuple[str, str, Callable[[], Any], Callable[[Any], None]]]:
+    """torch.backends' flags: each loaded backend module's properties (cudnn, mkldnn, ...),
+    cuBLAS's matmul flags, the attention kernels' switches, the preferred libraries, the
+    fast path of ``nn.MultiheadAttention``, nnpack, the quantized engine, opt_einsum,
+    ``set_warn_always``. Those whose read fails on
+    this build are left out."""
+    import torch.backends.cuda
+    import torch.backends.mha
+
+    b = torch.backends
+    found: list[tuple[str, str, Callable[[], Any], Callable[[Any], None]]] = []
+    for module_name, module in sorted(sys.modules.items()):
+        if (module_name == "torch.backends" or module_name.startswith("torch.backends.")) and module is not None:
+            for prop, value in vars(type(module)).items():
+                if isinstance(value, b.ContextProp):
+                    found.append(("torch", f"{module_name[len('torch.'):]}.{prop}", *flag(module, prop)))
+    matmul = b.cuda.matmul
+    for prop in ("allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction", "fp32_precision"):
+        found.append(("torch", f"backends.cuda.matmul.{prop}", *flag(matmul, prop)))
+    cuda = b.cuda
+    for get, put in (
+        ("flash_sdp_enabled", "enable_flash_sdp"), ("mem_efficient_sdp_enabled", "enable_mem_efficient_sdp"),
+        ("math_sdp_enabled", "enable_math_sdp"), ("cudnn_sdp_enabled", "enable_cudnn_sdp"),
+        ("fp16_bf16_reduction_math_sdp_allowed", "allow_fp16_bf16_reduction_math_sdp"),
+        ("preferred_linalg_library", "preferred_linalg_library"), ("preferred_blas_library", "preferred_blas_library"),
+    ):
+        if hasattr(cuda, get) and hasattr(cuda, put):
+            found.append(("torch", f"backends.cuda.{put}", getattr(cuda, get), getattr(cuda, put)))
+    found.append(("torch", "backends.mha.set_fastpath_enabled", b.mha.get_fastpath_enabled, b.mha.set_fastpath_enabled))
+    found.append(("torch", "backends.nnpack.set_flags", torch._C._get_nnpack_enabled, torch._C._set_nnpack_enabled))
+    for module_name, prop in (("torch.backends.quantized", "engine"), ("torch.backends.opt_einsum", "enabled"), ("torch.backends.opt_einsum", "strategy")):
+        module = sys.modules.get(module_name)
+        if module is not None:
+            found.append(("torch", f"{module_name[len('torch.'):]}.{prop}", *flag(module, prop)))
+    found.append(("torch", "set_warn_always", torch.is_warn_always_enabled, torch.set_warn_always))
+    usable = []
+    for entry in found:
+        try:
+            entry[2]()
+        except Exception:  # noqa: BLE001 - a flag this build cannot read (a CUDA one on a CPU build)
+            continue
+        usable.append(entry)
+    return usable
+
+
 def _process_state() -> tuple[Any, list[tuple[str, str, Any, Callable[[], Any], Callable[[Any], None]]], frozenset, Any]:
     """See Note [Process-wide state dispatch sets]: torch's generator state, the process's
     settings, the live ``weakref.finalize`` registrations and the loggers' levels."""
-    settings = [(module, name, get(), get, put) for module, name, get, put in _torch_settings()]
+    settings = [(module, name, _read(get), get, put) for module, name, get, put in _torch_settings()]
     return _generator_bytes(), settings, frozenset(weakref.finalize._registry), _logger_levels()  # type: ignore[attr-defined]
 
 
@@ -1440,10 +1500,11 @@ def _restore_process_state(
         with _outside_traces():
             torch.random.default_generator.set_state(torch.frombuffer(bytearray(generator), dtype=torch.uint8))
     for module, name, value, get, put in settings:
-        now = get()
+        now = _read(get)
         if type(now) is not type(value) or now != value:
             changes.append(GlobalChange(module, name, f"set (a process-wide {module} setting)"))
-            put(value)
+            if not isinstance(value, _Unreadable):
+                put(value)
     added = set(weakref.finalize._registry) - finalizers  # type: ignore[attr-defined]
     if added:
         changes.append(GlobalChange("weakref", "finalize", "registered on a traced object (its callback runs when the trace's objects die)"))

@@ -34,6 +34,8 @@ HOWS = [
     "written_requires_grad",
     "written_grad",
     "written_parameter",
+    "written_subclass_requires_grad",
+    "written_subclass_inner_requires_grad",
     # eager leaves no autograd state here: these compile and match
     "arg_detach_",
     "written_input_that_requires_grad",
@@ -116,6 +118,10 @@ class Scaled(torch.Tensor):
             w.cache = cache
         elif how == "written_parameter":
             w.cache = torch.nn.Parameter(out.clone())
+        elif how == "written_subclass_requires_grad":
+            w.cache = Scaled(out.clone()).requires_grad_()
+        elif how == "written_subclass_inner_requires_grad":
+            w.cache = Scaled(out.clone().requires_grad_())
         elif how == "written_input_that_requires_grad":
             w.cache = other
         elif how == "result_requires_grad_false":
@@ -135,7 +141,9 @@ def _picture(w, y, out):
     cache = w.__dict__.get("cache")
     return (
         _autograd(w), _autograd(y), _autograd(out.elem if isinstance(out, Scaled) else out), w.__dict__.get("calls"),
-        None if cache is None else (type(cache).__name__, _autograd(cache)),
+        None if cache is None else (
+            type(cache).__name__, _autograd(cache), cache.elem.requires_grad if isinstance(cache, Scaled) else None
+        ),
     )
 
 

@@ -69,6 +69,16 @@ def _set(how, n):
         sys.excepthook = _hook
     elif how == "chdir":
         os.chdir(tempfile.gettempdir())
+    elif how == "attention_kernel":
+        torch.backends.cuda.enable_math_sdp(False)
+    elif how == "warn_always":
+        torch.set_warn_always(True)
+    elif how == "mha_fastpath":
+        torch.backends.mha.set_fastpath_enabled(False)
+    elif how == "quantized_engine":
+        torch.backends.quantized.engine = "qnnpack" if torch.backends.quantized.engine != "qnnpack" else "x86"
+    elif how == "cudnn_benchmark":
+        torch.backends.cudnn.benchmark = True
 
 
 def _hook(*args):
@@ -94,6 +104,8 @@ HOWS = [
     # the interpreter's, numpy's and torch's other settings (outside round 37)
     "recursion_limit", "switch_interval", "int_max_str_digits", "gc_threshold", "gc_disable", "anomaly",
     "numpy_seterr", "numpy_printoptions", "signal", "excepthook", "chdir",
+    # torch.backends' other flags
+    "attention_kernel", "warn_always", "mha_fastpath", "quantized_engine", "cudnn_benchmark",
 ]
 LOG = logging.getLogger("dynamo_ext_tests.process_state")
 
@@ -123,6 +135,8 @@ def _guard(how):
 
 def _interpreter():
     return (
+        torch.backends.cuda.math_sdp_enabled(), torch.is_warn_always_enabled(), torch.backends.mha.get_fastpath_enabled(),
+        torch.backends.quantized.engine, torch.backends.cudnn.benchmark,
         sys.getrecursionlimit(), sys.getswitchinterval(), sys.get_int_max_str_digits(), gc.get_threshold(),
         gc.isenabled(), torch.is_anomaly_enabled(), np.geterr(), np.get_printoptions(),
         signal.getsignal(signal.SIGUSR1), sys.excepthook, os.getcwd(),
@@ -130,6 +144,12 @@ def _interpreter():
 
 
 def _put_interpreter(v):
+    torch.backends.cuda.enable_math_sdp(v[0])
+    torch.set_warn_always(v[1])
+    torch.backends.mha.set_fastpath_enabled(v[2])
+    torch.backends.quantized.engine = v[3]
+    torch.backends.cudnn.benchmark = v[4]
+    v = v[5:]
     sys.setrecursionlimit(v[0])
     sys.setswitchinterval(v[1])
     sys.set_int_max_str_digits(v[2])
@@ -199,4 +219,23 @@ def test_dispatch_setting_process_state(how, backend, fullgraph):
             assert_same_state(untouched, w, "refused input")
             return
         got, _ = _run(compiled, cls)
+    assert got == eager
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_setting_whose_read_raises_as_the_process_stands(backend):
+    """With torch's new ``fp32_precision`` flags set beside the legacy ones (the flags' own
+    context manager does), ``torch.get_float32_matmul_precision()`` raises: the watch read it
+    before every traced dispatch call and the compile failed where eager runs."""
+    import inspect
+
+    if "fp32_precision" not in inspect.signature(torch.backends.mkldnn.flags).parameters:
+        pytest.skip("this torch has no fp32_precision flags")
+    cls = type("Setting_none", (Setting,), {"HOW": "none"})
+    torch._dynamo.reset()
+    torch.compile(step, backend=backend)(cls(torch.ones(3)), torch.ones(3))  # the watch's settings read as they stand
+    with torch.backends.mkldnn.flags(enabled=torch.backends.mkldnn.enabled, fp32_precision="bf16"):
+        eager, _ = _run(step, cls, calls=2)
+        torch._dynamo.reset()
+        got, _ = _run(torch.compile(step, backend=backend, fullgraph=True), cls, calls=2)
     assert got == eager
