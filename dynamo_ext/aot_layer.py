@@ -1715,7 +1715,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                 scope.refuse_changed_class(before)
                 if scope.tracked:
                     scope.refuse_autograd_set_by_hand(
-                        next(iter(scope.tracked.values())), before, capture.inner_plain_tensors(out), scope.written_so_far()
+                        next(iter(scope.tracked.values())), before, capture.made_tensors(out), scope.written_so_far()
                     )
             except capture.FlattenMismatch as bad:
                 raise bad.as_refusal() from None

@@ -586,6 +586,12 @@ def _autograd_set(t: torch.Tensor) -> str | None:
     return None
 
 
+def made_tensors(result: Any) -> list[torch.Tensor]:
+    """The tensors an op's result holds: its own and the plain ones inside its subclass
+    instances (See Note [Autograd state dispatch sets by hand])."""
+    return [leaf for leaf in torch.utils._pytree.tree_leaves(result) if isinstance(leaf, torch.Tensor)] + inner_plain_tensors(result)
+
+
 def inner_plain_tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
     """The plain tensors inside the subclass instances ``value`` holds (a result's), nested
     ones too."""

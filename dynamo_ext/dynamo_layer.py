@@ -2600,7 +2600,7 @@ def _propagate(
                 writes = scope.settle()
                 scope.refuse_changed_class(before)
                 if tracked:
-                    made = capture.inner_plain_tensors(result) if _runs_only_on_its_arguments(node) else []
+                    made = capture.made_tensors(result) if _runs_only_on_its_arguments(node) else []
                     scope.refuse_autograd_set_by_hand(tracked[0], before, made, writes)
                 users = _users_own(scope.raised)
                 if users:

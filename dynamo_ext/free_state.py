@@ -1370,7 +1370,7 @@ def _build_settings(np: Any) -> tuple[tuple[str, str, Callable[[], Any], Callabl
         ("gc", "set_threshold", gc.get_threshold, lambda v: gc.set_threshold(*v)),
         ("gc", "disable", gc.isenabled, put_gc),
         ("os", "chdir", os.getcwd, os.chdir),
-        ("signal", "signal", lambda: tuple(signal.getsignal(s) for s in signals), put_signals),
+        ("signal", "signal", lambda: tuple(map(signal.getsignal, signals)), put_signals),
     ]
     if hasattr(sys, "get_int_max_str_digits"):
         settings.append(("sys", "set_int_max_str_digits", sys.get_int_max_str_digits, sys.set_int_max_str_digits))
@@ -1448,11 +1448,13 @@ def _backend_flags(flag: Callable[[Any, str], tuple]) -> list[tuple[str, str, Ca
     return usable
 
 
-def _process_state() -> tuple[Any, list[tuple[str, str, Any, Callable[[], Any], Callable[[Any], None]]], frozenset, Any]:
+def _process_state() -> tuple[Any, tuple, list[Any], frozenset, Any]:
     """See Note [Process-wide state dispatch sets]: torch's generator state, the process's
-    settings, the live ``weakref.finalize`` registrations and the loggers' levels."""
-    settings = [(module, name, _read(get), get, put) for module, name, get, put in _torch_settings()]
-    return _generator_bytes(), settings, frozenset(weakref.finalize._registry), _logger_levels()  # type: ignore[attr-defined]
+    settings (with their values), the live ``weakref.finalize`` registrations and the
+    loggers' levels."""
+    settings = _torch_settings()
+    values = [_read(get) for _, _, get, _ in settings]
+    return _generator_bytes(), settings, values, frozenset(weakref.finalize._registry), _logger_levels()  # type: ignore[attr-defined]
 
 
 def _logger_levels() -> tuple[list, list, int]:
@@ -1488,23 +1490,23 @@ def _generator_bytes() -> bytes:
         return torch.random.default_generator.get_state().numpy().tobytes()
 
 
-def _restore_process_state(
-    before: tuple[Any, list[tuple[str, str, Any, Callable[[], Any], Callable[[Any], None]]], frozenset, Any],
-) -> list[GlobalChange]:
+def _restore_process_state(before: tuple[Any, tuple, list[Any], frozenset, Any]) -> list[GlobalChange]:
     import logging
 
-    generator, settings, finalizers, (loggers, levels, disabled) = before
+    generator, settings, values, finalizers, (loggers, levels, disabled) = before
     changes = []
     if _generator_bytes() != generator:
         changes.append(GlobalChange("torch", "<global generator>", "seeded or drawn from (torch.manual_seed)"))
         with _outside_traces():
             torch.random.default_generator.set_state(torch.frombuffer(bytearray(generator), dtype=torch.uint8))
-    for module, name, value, get, put in settings:
-        now = _read(get)
-        if type(now) is not type(value) or now != value:
-            changes.append(GlobalChange(module, name, f"set (a process-wide {module} setting)"))
-            if not isinstance(value, _Unreadable):
-                put(value)
+    now = [_read(get) for _, _, get, _ in settings]
+    # types first: a symbolic value landed in a setting compares symbolically (a guard)
+    if list(map(type, now)) != list(map(type, values)) or now != values:
+        for (module, name, _, put), value, value_now in zip(settings, values, now):
+            if type(value_now) is not type(value) or value_now != value:
+                changes.append(GlobalChange(module, name, f"set (a process-wide {module} setting)"))
+                if not isinstance(value, _Unreadable):
+                    put(value)
     added = set(weakref.finalize._registry) - finalizers  # type: ignore[attr-defined]
     if added:
         changes.append(GlobalChange("weakref", "finalize", "registered on a traced object (its callback runs when the trace's objects die)"))

@@ -31,6 +31,9 @@ HOWS = [
     "self_unbound_grad",
     "result_requires_grad",
     "result_grad",
+    "outer_result_requires_grad",
+    "outer_result_grad",
+    "plain_result_requires_grad",
     "written_requires_grad",
     "written_grad",
     "written_parameter",
@@ -87,7 +90,17 @@ class Scaled(torch.Tensor):
         if func is aten.mul.Tensor and cls.HOW == "written_plain_result":
             args[0].cache = out
             return out
-        return tree_map_only(torch.Tensor, lambda t: cls(t), out) if func is aten.mul.Tensor else out
+        if func is not aten.mul.Tensor:
+            return out
+        if cls.HOW == "plain_result_requires_grad" and args[0].calls == cls.AT:
+            return out.requires_grad_()  # returned unwrapped
+        r = cls(out)
+        if args[0].calls == cls.AT:
+            if cls.HOW == "outer_result_requires_grad":
+                r.requires_grad_()
+            elif cls.HOW == "outer_result_grad":
+                r.grad = torch.ones(r.shape)
+        return r
 
     @classmethod
     def _by_hand(cls, w, other, out):
@@ -140,7 +153,8 @@ def _autograd(t):
 def _picture(w, y, out):
     cache = w.__dict__.get("cache")
     return (
-        _autograd(w), _autograd(y), _autograd(out.elem if isinstance(out, Scaled) else out), w.__dict__.get("calls"),
+        _autograd(w), _autograd(y), _autograd(out), _autograd(out.elem if isinstance(out, Scaled) else out),
+        w.__dict__.get("calls"),
         None if cache is None else (
             type(cache).__name__, _autograd(cache), cache.elem.requires_grad if isinstance(cache, Scaled) else None
         ),
