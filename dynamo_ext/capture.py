@@ -395,6 +395,10 @@ class Tracked:
             self.expected[name] = value
             if isinstance(value, PLAIN_MUTABLE) and not contains_tensor(value):
                 self.containers[name] = (value, _snapshot(value))
+            if self.real is not None and _plain_tensor(value) and isinstance(self.obj, torch.Tensor):
+                # a tensor the real object holds outside the flatten list, seeded into the trace:
+                # its autograd state is compared from here (an outside tester's find)
+                self.entry_inner_autograd[name] = (value, _autograd_state(value))
         self.settled.add(name)
 
 
@@ -579,7 +583,7 @@ def _autograd_set(t: torch.Tensor) -> str | None:
         # a result autograd recorded (dispatch returned it as the op's result) has a grad_fn
         if base.requires_grad.__get__(t) and base.grad_fn.__get__(t) is None:  # type: ignore[attr-defined]
             return "requires_grad"
-        if base._grad.__get__(t) is not None:  # type: ignore[attr-defined]
+        if free_state.grad_of(t) is not None:
             return "grad"
         if base._backward_hooks.__get__(t):  # type: ignore[attr-defined]
             return "register_hook"
@@ -621,7 +625,7 @@ def _autograd_state(t: torch.Tensor) -> tuple:
 
 def _autograd_state_unobserved(t: torch.Tensor) -> tuple:
     base = torch._C.TensorBase
-    grad = base._grad.__get__(t)  # type: ignore[attr-defined]
+    grad = free_state.grad_of(t)
     hooks = base._backward_hooks.__get__(t)  # type: ignore[attr-defined]
     return (base.requires_grad.__get__(t), id(grad) if grad is not None else None, len(hooks or ()), storage_key(t))
 

@@ -111,6 +111,8 @@ class FrameState:
         self._inference_guarded = False  # See Note [Inference mode while traced]
         self._torch_flags_guarded = False  # See Note [torch's global flags dispatch reads]
         self.tensor_reads: dict[str, None] = {}  # real tensors dispatch code reaches outside the tensors
+        # those tensors by identity (See Note [A tensor dispatch reaches that the graph takes in])
+        self.reached_tensors: dict[int, tuple[str, torch.Tensor]] = {}
         # (object, attribute) written by residual bytecode -> the value's variable stored
         self.stored: dict[tuple[int, str], Any] = {}
         # (id(variable), name) -> (variable, value's variable): the writes in Dynamo's side
@@ -729,7 +731,34 @@ class FrameState:
             if free_state.is_user_class(cls):
                 holder = self.tx.output.install_global_by_id("__dynamo_ext_class", cls)
                 retry |= self._guard_class_state(GlobalSource(holder), cls)
+        self._refuse_a_reached_tensor_the_graph_takes_in()
         return retry
+
+    def _refuse_a_reached_tensor_the_graph_takes_in(self) -> None:
+        """Note [A tensor dispatch reaches that the graph takes in]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        Dispatch code reaches a real tensor through a global or closure (a shared weight it
+        special-cases, ``args[1] is SHARED``) that the compiled function is also handed: the
+        op is given the trace's stand-in for it, so an identity check, or anything else
+        telling the two apart, answers otherwise than in eager, on every backend (an outside
+        tester's find: the flag stored False where eager stores True). Refused
+        (``unsupported_state_read``); under ``fullgraph=False`` the op runs eagerly."""
+        if not self.reached_tensors:
+            return
+        for node in self.tx.output.graph.find_nodes(op="placeholder"):
+            arg = node.meta.get("grapharg")
+            example = getattr(arg, "example", None) if arg is not None else None
+            if example is not None and id(example) in self.reached_tensors:
+                where, value = self.reached_tensors[id(example)]
+                if value is example:
+                    _refuse(
+                        RefusalKind.UNSUPPORTED_STATE_READ, next(iter(self.scope.tracked.values())), where, "Tensor",
+                        f"dispatch code reaches {where}, a tensor the compiled function is handed too: the op "
+                        "is given the trace's stand-in for it, so telling the two apart (`is`) answers otherwise "
+                        "than in eager",
+                        hint="Mark the tensor with an attribute (w.is_shared = True) and read that, or let the op "
+                        "run eagerly (fullgraph=False graph-breaks there).",
+                    )
 
     def _guard_inference_mode(self) -> None:
         """Note [Inference mode while traced]
@@ -807,6 +836,7 @@ class FrameState:
             # fake propagation cannot compute with it: named if the op fails so (See
             # _real_tensor_in_fake_propagation)
             self.tensor_reads.setdefault(f"{owner}.{name}", None)
+            self.reached_tensors[id(value)] = (f"{owner}.{name}", value)
             if depth > 3 or not free_state.is_user_class(type(value)):
                 return False
             # a subclass instance (a getter closing over the input, ``lambda: w.knob``): the

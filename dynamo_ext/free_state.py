@@ -33,6 +33,7 @@ import sys
 import sysconfig
 import threading
 import types
+import warnings
 import weakref
 from typing import Any, Callable, Iterator
 
@@ -1368,6 +1369,11 @@ def _build_settings(np: Any) -> tuple[tuple[str, str, Callable[[], Any], Callabl
         ("sys", "excepthook", lambda: sys.excepthook, lambda v: setattr(sys, "excepthook", v)),
         ("threading", "excepthook", lambda: threading.excepthook, lambda v: setattr(threading, "excepthook", v)),
         ("gc", "set_threshold", gc.get_threshold, lambda v: gc.set_threshold(*v)),
+        ("gc", "set_debug", gc.get_debug, gc.set_debug),
+        ("gc", "callbacks", lambda: tuple(gc.callbacks), lambda v: gc.callbacks.__setitem__(slice(None), v)),
+        ("sys", "path", lambda: tuple(sys.path), lambda v: sys.path.__setitem__(slice(None), v)),
+        ("threading", "stack_size", threading.stack_size, threading.stack_size),
+        ("signal", "pthread_sigmask", lambda: signal.pthread_sigmask(signal.SIG_BLOCK, ()), lambda v: signal.pthread_sigmask(signal.SIG_SETMASK, v)),
         ("gc", "disable", gc.isenabled, put_gc),
         ("os", "chdir", os.getcwd, os.chdir),
         ("signal", "signal", lambda: tuple(map(signal.getsignal, signals)), put_signals),
@@ -1377,6 +1383,8 @@ def _build_settings(np: Any) -> tuple[tuple[str, str, Callable[[], Any], Callabl
     if np is not None:
         settings.append(("numpy", "seterr", np.geterr, lambda v: np.seterr(**v)))
         settings.append(("numpy", "set_printoptions", np.get_printoptions, lambda v: np.set_printoptions(**v)))
+        settings.append(("numpy", "seterrcall", np.geterrcall, np.seterrcall))
+        settings.append(("numpy", "setbufsize", np.getbufsize, np.setbufsize))
     return tuple(settings)
 
 
@@ -1438,6 +1446,21 @@ def _backend_flags(flag: Callable[[Any, str], tuple]) -> list[tuple[str, str, Ca
         if module is not None:
             found.append(("torch", f"{module_name[len('torch.'):]}.{prop}", *flag(module, prop)))
     found.append(("torch", "set_warn_always", torch.is_warn_always_enabled, torch.set_warn_always))
+    found.append((
+        "torch", "utils.deterministic.fill_uninitialized_memory",
+        torch._C._get_deterministic_fill_uninitialized_memory, torch._C._set_deterministic_fill_uninitialized_memory,
+    ))
+    found.append(("torch", "autograd.set_multithreading_enabled", torch._C._is_multithreading_enabled, torch._C._set_multithreading_enabled))
+    get_precision = getattr(torch._C, "_get_fp32_precision_getter", None)
+    set_precision = getattr(torch._C, "_set_fp32_precision_setter", None)
+    if get_precision is not None and set_precision is not None:
+        # every backend's and op's fp32_precision (``torch.backends.mkldnn.conv.fp32_precision``)
+        for backend in ("generic", "mkldnn", "cuda", "cudnn"):
+            for op in ("all", "conv", "matmul", "rnn"):
+                found.append((
+                    "torch", f"fp32_precision({backend}, {op})", functools.partial(get_precision, backend, op),
+                    functools.partial(set_precision, backend, op),
+                ))
     usable = []
     for entry in found:
         try:
@@ -1468,7 +1491,7 @@ def _logger_levels() -> tuple[list, list, int]:
         known = _LOGGERS[len(manager.loggerDict)] = [
             logging.root, *(v for v in list(manager.loggerDict.values()) if isinstance(v, logging.Logger))
         ]
-    return known, [(lg.level, lg.disabled, lg.propagate) for lg in known], manager.disable
+    return known, [(lg.level, lg.disabled, lg.propagate, len(lg.handlers), len(lg.filters)) for lg in known], manager.disable
 
 
 _LOGGERS: dict[int, list] = {}
@@ -1512,13 +1535,17 @@ def _restore_process_state(before: tuple[Any, tuple, list[Any], frozenset, Any])
         changes.append(GlobalChange("weakref", "finalize", "registered on a traced object (its callback runs when the trace's objects die)"))
         for f in added:
             f.detach()
-    now_levels = [(lg.level, lg.disabled, lg.propagate) for lg in loggers]
+    now_levels = [(lg.level, lg.disabled, lg.propagate, len(lg.handlers), len(lg.filters)) for lg in loggers]
     if now_levels != levels:
         for owner, state, now in zip(loggers, levels, now_levels):
             if now != state:
-                changes.append(GlobalChange("logging", owner.name, "level set (a logger's level, disabled or propagate)"))
+                changes.append(GlobalChange(
+                    "logging", owner.name, "set (a logger's level, disabled, propagate, handlers or filters)"
+                ))
                 owner.setLevel(state[0])
                 owner.disabled, owner.propagate = state[1], state[2]
+                del owner.handlers[state[3]:]  # added ones (``addHandler``, ``basicConfig``) go
+                del owner.filters[state[4]:]
     if logging.Logger.manager.disable != disabled:
         changes.append(GlobalChange("logging", "disable", "set (logging.disable)"))
         logging.disable(disabled)
@@ -1535,6 +1562,17 @@ def _restore_process_state(before: tuple[Any, tuple, list[Any], frozenset, Any])
 # as a change (``global_state_write``).
 
 
+def grad_of(t: torch.Tensor) -> Any:
+    """``t.grad`` without torch's warning for a tensor that is no leaf (eager never reads
+    it there; the warning would show where eager shows none: an outside tester's find)."""
+    base = torch._C.TensorBase
+    if base.grad_fn.__get__(t) is None or base.retains_grad.__get__(t):  # type: ignore[attr-defined]
+        return base._grad.__get__(t)  # type: ignore[attr-defined]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return base._grad.__get__(t)  # type: ignore[attr-defined]
+
+
 def _tensor_states(tensors: list[tuple[str, str, torch.Tensor]]) -> list[tuple]:
     if not tensors:
         return []
@@ -1544,7 +1582,7 @@ def _tensor_states(tensors: list[tuple[str, str, torch.Tensor]]) -> list[tuple]:
         for owner, name, t in tensors:
             hooks = base._backward_hooks.__get__(t)  # type: ignore[attr-defined]
             out.append((
-                owner, name, t, base.requires_grad.__get__(t), base._grad.__get__(t),  # type: ignore[attr-defined]
+                owner, name, t, base.requires_grad.__get__(t), grad_of(t),  # type: ignore[attr-defined]
                 hooks, tuple(hooks) if hooks else (), base.data.__get__(t),  # type: ignore[attr-defined]
             ))
     return out
@@ -1567,7 +1605,7 @@ def _restore_tensor_states(states: list[tuple]) -> list[GlobalChange]:
     for owner, name, t, requires_grad, grad, hooks, keys, data in states:
         hooks_now = base._backward_hooks.__get__(t)  # type: ignore[attr-defined]
         rg_now = base.requires_grad.__get__(t)  # type: ignore[attr-defined]
-        grad_now = base._grad.__get__(t)  # type: ignore[attr-defined]
+        grad_now = grad_of(t)
         if (
             rg_now is requires_grad and grad_now is grad and hooks_now is hooks
             and (tuple(hooks_now) if hooks_now else ()) == keys and _same_data(t, data)

@@ -315,3 +315,82 @@ def test_dispatch_setting_a_global_tensors_autograd_state(how, backend, fullgrap
         assert run(compiled) == eager
     finally:
         _reset_globals()
+
+
+# -- a tensor the input holds outside its flatten list ---------------------------------------
+
+
+class HoldsAScale(torch.Tensor):
+    """A weight keeping its ``nn.Parameter`` scale outside ``__tensor_flatten__`` (its
+    ``__new__`` defaults it, so the traced instance's answer comes from the caller's)."""
+
+    HOW = "held_grad"
+
+    @staticmethod
+    def __new__(cls, elem, scale=None):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+        r.elem = elem
+        r.scale = scale
+        return r
+
+    def __init__(self, elem, scale=None):
+        pass
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = func(*tree_map_only(cls, lambda t: t.elem, args), **(kwargs or {}))
+        if func is aten.mul.Tensor and args[0].scale is not None:
+            scale = args[0].scale
+            if cls.HOW == "held_grad":
+                scale.grad = torch.ones(1)
+            elif cls.HOW == "held_hook":
+                scale.register_hook(lambda g: g)
+            elif cls.HOW == "held_data":
+                scale.data = torch.zeros(1)
+            elif cls.HOW == "held_requires_grad":
+                scale.requires_grad_(False)
+            elif cls.HOW == "held_in_place":
+                with torch.no_grad():
+                    scale.add_(1)
+        return tree_map_only(torch.Tensor, cls, out) if func is aten.mul.Tensor else out
+
+
+HELD_HOWS = ["held_grad", "held_hook", "held_data", "held_requires_grad", "held_in_place"]
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("how", HELD_HOWS)
+def test_autograd_state_of_a_tensor_held_outside_the_flatten_list(how, backend, fullgraph):
+    """Outside round 38: ``self.scale.grad = g`` (a hook, ``.data =``) on an ``nn.Parameter``
+    the input holds outside its flatten list: lost on ``aot_eager``, silently. Refused; an
+    in-place change of its data compiles."""
+    cls = type(f"HoldsAScale_{how}", (HoldsAScale,), {"HOW": how})
+
+    def run(f):
+        w = cls(torch.arange(3.0), torch.nn.Parameter(torch.ones(1)))
+        seen = []
+        for _ in range(3):
+            f(w, torch.ones(3))
+            s = w.scale
+            seen.append((s.requires_grad, s.grad is not None, len(s._backward_hooks or {}), s.detach().tolist()))
+        return seen
+
+    eager = run(step)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=backend, fullgraph=fullgraph)
+    if fullgraph and how != "held_in_place":
+        w = cls(torch.arange(3.0), torch.nn.Parameter(torch.ones(1)))
+        with pytest.raises((torch._dynamo.exc.Unsupported, torch._dynamo.exc.BackendCompilerFailed), match="dynamo_ext"):
+            compiled(w, torch.ones(3))
+        s = w.scale
+        assert (s.requires_grad, s.grad, len(s._backward_hooks or {}), s.detach().tolist()) == (True, None, 0, [1.0])
+        return
+    assert run(compiled) == eager

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import weakref
 
 import numpy as np
@@ -79,6 +80,28 @@ def _set(how, n):
         torch.backends.quantized.engine = "qnnpack" if torch.backends.quantized.engine != "qnnpack" else "x86"
     elif how == "cudnn_benchmark":
         torch.backends.cudnn.benchmark = True
+    elif how == "fill_uninitialized_memory":
+        torch.utils.deterministic.fill_uninitialized_memory = False
+    elif how == "autograd_multithreading":
+        torch.autograd.set_multithreading_enabled(False)
+    elif how == "mkldnn_conv_fp32_precision":
+        torch.backends.mkldnn.conv.fp32_precision = "tf32"
+    elif how == "gc_debug":
+        gc.set_debug(gc.DEBUG_STATS)
+    elif how == "signal_mask":
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
+    elif how == "thread_stack_size":
+        threading.stack_size(1 << 20)
+    elif how == "numpy_seterrcall":
+        np.seterrcall(_hook)
+    elif how == "numpy_bufsize":
+        np.setbufsize(16384)
+    elif how == "sys_path":
+        sys.path.append("/nonexistent/dynamo_ext_tests")
+    elif how == "gc_callback":
+        gc.callbacks.append(_hook)
+    elif how == "logger_handler":
+        LOG.addHandler(logging.NullHandler())
 
 
 def _hook(*args):
@@ -106,6 +129,10 @@ HOWS = [
     "numpy_seterr", "numpy_printoptions", "signal", "excepthook", "chdir",
     # torch.backends' other flags
     "attention_kernel", "warn_always", "mha_fastpath", "quantized_engine", "cudnn_benchmark",
+    # outside round 38
+    "fill_uninitialized_memory", "autograd_multithreading", "mkldnn_conv_fp32_precision", "gc_debug",
+    "signal_mask", "thread_stack_size", "numpy_seterrcall", "numpy_bufsize", "sys_path", "gc_callback",
+    "logger_handler",
 ]
 LOG = logging.getLogger("dynamo_ext_tests.process_state")
 
@@ -135,6 +162,10 @@ def _guard(how):
 
 def _interpreter():
     return (
+        torch.utils.deterministic.fill_uninitialized_memory, torch.autograd.is_multithreading_enabled(),
+        torch.backends.mkldnn.conv.fp32_precision, gc.get_debug(),
+        sorted(int(x) for x in signal.pthread_sigmask(signal.SIG_BLOCK, [])), threading.stack_size(),
+        np.geterrcall(), np.getbufsize(), list(sys.path), list(gc.callbacks), len(LOG.handlers),
         torch.backends.cuda.math_sdp_enabled(), torch.is_warn_always_enabled(), torch.backends.mha.get_fastpath_enabled(),
         torch.backends.quantized.engine, torch.backends.cudnn.benchmark,
         sys.getrecursionlimit(), sys.getswitchinterval(), sys.get_int_max_str_digits(), gc.get_threshold(),
@@ -144,6 +175,18 @@ def _interpreter():
 
 
 def _put_interpreter(v):
+    torch.utils.deterministic.fill_uninitialized_memory = v[0]
+    torch.autograd.set_multithreading_enabled(v[1])
+    torch.backends.mkldnn.conv.fp32_precision = v[2]
+    gc.set_debug(v[3])
+    signal.pthread_sigmask(signal.SIG_SETMASK, v[4])
+    threading.stack_size(v[5])
+    np.seterrcall(v[6])
+    np.setbufsize(v[7])
+    sys.path[:] = v[8]
+    gc.callbacks[:] = v[9]
+    del LOG.handlers[v[10]:]
+    v = v[11:]
     torch.backends.cuda.enable_math_sdp(v[0])
     torch.set_warn_always(v[1])
     torch.backends.mha.set_fastpath_enabled(v[2])
