@@ -113,6 +113,7 @@ class FrameState:
         self.tensor_reads: dict[str, None] = {}  # real tensors dispatch code reaches outside the tensors
         # those tensors by identity (See Note [A tensor dispatch reaches that the graph takes in])
         self.reached_tensors: dict[int, tuple[str, torch.Tensor]] = {}
+        self._through_subclass = 0  # guarding what a subclass instance dispatch reaches holds
         # (object, attribute) written by residual bytecode -> the value's variable stored
         self.stored: dict[tuple[int, str], Any] = {}
         # (id(variable), name) -> (variable, value's variable): the writes in Dynamo's side
@@ -705,6 +706,7 @@ class FrameState:
                     hint="Test for a plain tensor with isinstance(t, torch.Tensor) and not "
                     "torch.utils._python_dispatch.is_traceable_wrapper_subclass(t).",
                 )
+        self._refuse_trace_state_reads()
         self._guard_inference_mode()
         held, self._held_code = self._held_code, []
         for source, value, owner, name in held:  # See Note [Code an attribute holds]
@@ -733,6 +735,30 @@ class FrameState:
                 retry |= self._guard_class_state(GlobalSource(holder), cls)
         self._refuse_a_reached_tensor_the_graph_takes_in()
         return retry
+
+    def _refuse_trace_state_reads(self) -> None:
+        """Note [Reads that answer otherwise while traced]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        Dispatch code of a class that writes attributes asks whether it is being traced
+        (``torch.compiler.is_compiling()``, ``torch._dynamo.is_compiling()``,
+        ``TracingContext.try_get()``, ``is_fake(t)``) or asks a tensor what its trace stand-in
+        cannot know (``t.is_shared()``, ``t.is_inference()``, ``t.is_pinned()``): the answer
+        while traced is not eager's, and a stored answer was replayed as traced, on every
+        backend (an outside tester's find). Refused (``unsupported_state_read``) where the
+        code names one; under ``fullgraph=False`` the op runs eagerly. A class that writes
+        nothing keeps stock's behaviour (asking is what ``is_compiling`` is for)."""
+        if not (self.collector.writes_attributes and config.dynamo_layer):
+            return
+        asked = sorted(_TRACE_STATE_NAMES & self.collector.names)
+        if asked:
+            _refuse(
+                RefusalKind.UNSUPPORTED_STATE_READ, next(iter(self.scope.tracked.values())), f"{asked[0]}()", "bool",
+                f"dispatch code asks {', '.join(asked)}, which answers otherwise while traced than in eager "
+                "(the trace's stand-ins are fake, and the trace is compiling): a stored or used answer would "
+                "be the trace's",
+                hint="Decide outside dispatch and carry the answer in the ctx or an attribute, or let the op "
+                "run eagerly (fullgraph=False graph-breaks there).",
+            )
 
     def _refuse_a_reached_tensor_the_graph_takes_in(self) -> None:
         """Note [A tensor dispatch reaches that the graph takes in]
@@ -831,18 +857,25 @@ class FrameState:
         (free_state._restore_generators). Returns True when the op must run again (an
         object was tracked)."""
         from torch._dynamo.source import AttrSource
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
         if isinstance(value, torch.Tensor):
             # fake propagation cannot compute with it: named if the op fails so (See
             # _real_tensor_in_fake_propagation)
             self.tensor_reads.setdefault(f"{owner}.{name}", None)
-            self.reached_tensors[id(value)] = (f"{owner}.{name}", value)
+            if not is_traceable_wrapper_subclass(value) and not self._through_subclass:
+                # (a subclass instance, and what it holds, is tracked: below)
+                self.reached_tensors[id(value)] = (f"{owner}.{name}", value)
             if depth > 3 or not free_state.is_user_class(type(value)):
                 return False
             # a subclass instance (a getter closing over the input, ``lambda: w.knob``): the
             # attributes the code reads off it, as values reached through it
             held = {k: v for k, v in capture.obj_dict(value).items() if not is_torch_internal(k)}
-            return self._guard_attributes(source, held, uses.names(self.collector.names), f"{owner}.{name}", depth, uses)
+            self._through_subclass += 1
+            try:
+                return self._guard_attributes(source, held, uses.names(self.collector.names), f"{owner}.{name}", depth, uses)
+            finally:
+                self._through_subclass -= 1
         if depth > 3:
             return False
         clock = _answers_anew(value, uses.names(self.collector.names))
@@ -2582,6 +2615,12 @@ def _sets_autograd_state(node: torch.fx.Node) -> bool:
     name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
     return name in _AUTOGRAD_METHODS
 
+
+# See Note [Reads that answer otherwise while traced]
+_TRACE_STATE_NAMES = frozenset({
+    "is_compiling", "is_dynamo_compiling", "is_exporting", "TracingContext", "is_fake", "detect_fake_mode",
+    "maybe_get_fake_mode", "is_shared", "is_inference", "is_pinned",
+})
 
 _MAX_ITEMS_GUARDED = 64  # items of a container guarded one by one
 

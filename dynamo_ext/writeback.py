@@ -22,6 +22,7 @@ autograd must record the copy on the input, the outer ``copy_`` runs as before.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any, Callable
 
@@ -63,7 +64,16 @@ def make_apply_in_graph_mutations(original: Callable[..., Any]) -> Callable[...,
             or input_info.mutates_storage_metadata
             or input_info.mutation_inductor_storage_resize
         )
-        pairs = _inner_writes(inpt_old, inpt_new) if data_only else None
+        # AOTAutograd copies a mutation made under no_grad (or hidden from autograd) under
+        # no_grad: autograd records nothing on the input, so the write is inner-wise too (a
+        # float8 history rolled under no_grad on a parameter was dropped: the outer copy_ went
+        # through the subclass's own rule, which copied the data tensor alone; an outside
+        # tester's find)
+        hidden = getattr(input_info, "mutations_hidden_from_autograd", False) or getattr(
+            input_info, "mutations_under_no_grad_or_inference_mode", False
+        )
+        with torch.no_grad() if hidden else contextlib.nullcontext():
+            pairs = _inner_writes(inpt_old, inpt_new) if data_only else None
         if pairs is not None:
             for old_inner, new_inner in pairs:
                 apply_in_graph_mutations(input_info, old_inner, new_inner, f_inpt, input_idx, *rest, **kwargs)

@@ -87,8 +87,36 @@ class VersionInBackward(TiedAware):
         return tree_map_only(torch.Tensor, cls, out)
 
 
+_FACTOR = 1
+
+
+def _mul_by_factor(x, y):
+    return x * y * _FACTOR
+
+
+def _stock_fails_a_recompile() -> bool:
+    """torch 2.13 fails any recompile of a frame given this subclass and a parameter (its
+    own assertion on the symbolic context), stock alike."""
+    global _FACTOR
+    from harness import stock_torch
+
+    with stock_torch():
+        f = torch.compile(_mul_by_factor, backend="aot_eager", fullgraph=True)
+        x, w = VersionInBackward(torch.arange(3.0)), torch.nn.Parameter(torch.ones(3))
+        try:
+            for _FACTOR in (1, 2):
+                torch.autograd.backward(f(x, w), VersionInBackward(torch.ones(3)))
+        except Exception as e:  # noqa: BLE001 - torch's own assertion, however Dynamo wraps it
+            return "SymbolicContext" in str(e)
+        finally:
+            _FACTOR = 1
+    return False
+
+
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
 def test_the_input_version_read_in_the_traced_backward(fullgraph):
+    if fullgraph and _stock_fails_a_recompile():
+        pytest.xfail("this torch fails a recompile of the frame (the version changes each step), stock alike")
     def run(f):
         x = VersionInBackward(torch.arange(3.0))
         w = torch.nn.Parameter(torch.ones(3))
@@ -103,3 +131,62 @@ def test_the_input_version_read_in_the_traced_backward(fullgraph):
     eager = run(mul)
     torch._dynamo.reset()
     assert run(torch.compile(mul, backend="aot_eager", fullgraph=fullgraph)) == eager
+
+
+ASKS = {
+    "is_compiling": lambda a: torch.compiler.is_compiling(),
+    "dynamo_is_compiling": lambda a: torch._dynamo.is_compiling(),
+    "is_fake": lambda a: torch._subclasses.fake_tensor.is_fake(a),
+    "is_shared": lambda a: a.is_shared(),
+    "is_inference": lambda a: a.is_inference(),
+}
+
+
+class Asks(TiedAware):
+    """Stores what it asks about the op's plain argument or the trace."""
+
+    ASK = "is_compiling"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = func(*tree_map_only(cls, lambda t: t.elem, args), **(kwargs or {}))
+        if func is aten.mul.Tensor:
+            args[0].answer = ASKS[cls.ASK](args[1])
+        return tree_map_only(torch.Tensor, cls, out)
+
+
+def _other(ask):
+    if ask == "is_shared":
+        return torch.ones(3).share_memory_()
+    if ask == "is_inference":
+        with torch.inference_mode():
+            return torch.ones(3)
+    return torch.ones(3)
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("ask", sorted(ASKS))
+def test_what_dispatch_asks_that_answers_otherwise_while_traced(ask, backend, fullgraph):
+    """Outside round 39: the answer stored was the trace's (compiling, fake, not shared, not
+    an inference tensor), on every backend. Refused; eager's answers under fullgraph=False."""
+    cls = type(f"Asks_{ask}", (Asks,), {"ASK": ask})
+
+    def run(f):
+        x, other = cls(torch.arange(3.0)), _other(ask)
+        seen = []
+        for _ in range(2):
+            f(x, other)
+            seen.append(x.answer)
+        return seen
+
+    eager = run(mul)
+    torch._dynamo.reset()
+    compiled = torch.compile(mul, backend=backend, fullgraph=fullgraph)
+    if fullgraph:
+        x = cls(torch.arange(3.0))
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: unsupported_state_read"):
+            compiled(x, _other(ask))
+        assert "answer" not in vars(x)
+        return
+    assert run(compiled) == eager

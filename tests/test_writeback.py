@@ -162,3 +162,67 @@ def test_runtime_epilogue_writes_back_per_inner_tensor():
     out = aot_function(bump, nop)(x)
     torch.testing.assert_close(plain(out), plain(expected), rtol=0, atol=0)
     torch.testing.assert_close(x.elem, x_eager.elem, rtol=0, atol=0)
+
+
+class _HistoryUnderNoGrad(torch.Tensor):
+    """A float8-style weight: its transpose records the weight's amax in a history rolled in
+    place under ``no_grad`` (delayed scaling), and its ``copy_`` rule unwraps the data tensor
+    alone."""
+
+    @staticmethod
+    def __new__(cls, data, history):
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, data.shape, dtype=data.dtype, device=data.device, requires_grad=data.requires_grad
+        )
+        r.data_t, r.history = data, history
+        return r
+
+    def __init__(self, data, history):
+        pass
+
+    def __tensor_flatten__(self):
+        return ["data_t", "history"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["data_t"], inner["history"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        w = next(a for a in args if isinstance(a, cls))
+        if func is torch.ops.aten.t.default:
+            with torch.no_grad():
+                w.history.copy_(torch.roll(w.history, 1))
+                w.history[0] = w.data_t.abs().max()
+            return w.data_t.t()
+        if func is torch.ops.aten.detach.default:
+            return cls(w.data_t.detach(), w.history)
+        unwrap = lambda t: t.data_t if isinstance(t, cls) else t  # noqa: E731
+        return func(*torch.utils._pytree.tree_map(unwrap, args), **torch.utils._pytree.tree_map(unwrap, kwargs or {}))
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_history_rolled_under_no_grad_on_a_parameter(backend, fullgraph):
+    """Outside round 39: AOTAutograd writes a mutation made under no_grad back under no_grad,
+    so inner tensor by inner tensor; through the outer ``copy_`` the history stayed zero on
+    ``aot_eager`` (stock alike). A training loop matches eager."""
+
+    def run(f):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(_HistoryUnderNoGrad(torch.randn(2, 3), torch.zeros(3)))
+        seen = []
+        for i in range(3):
+            loss = f(w, torch.full((1, 3), float(i + 1)))
+            loss.backward()
+            seen.append((w.history.tolist(), w.grad.data_t.tolist() if hasattr(w.grad, "data_t") else w.grad.tolist()))
+            w.grad = None
+        return seen
+
+    def fn(w, x):
+        return torch.nn.functional.linear(x, w).sum()
+
+    eager = run(fn)
+    assert eager[0][0][0] > 0
+    torch._dynamo.reset()
+    assert run(torch.compile(fn, backend=backend, fullgraph=fullgraph)) == eager
