@@ -1630,10 +1630,8 @@ def _refuse_what_left_dispatch(exc: BaseException, scope: capture.Scope) -> None
     nothing eager does not."""
     if not isinstance(exc, Exception) or isinstance(exc, SubclassWriteError):
         return
-    left, seen = exc, 0
-    while left is not None and seen < 6 and not any(left is r for r in scope.raised):
-        left, seen = left.__cause__ or left.__context__, seen + 1
-    if left is None or seen >= 6:
+    left = capture.left_dispatch(exc, scope.raised)
+    if left is None:
         return
     raise SubclassWriteError(
         RefusalKind.DISPATCH_RAISED, next((t.cls_name for t in scope.tracked.values()), "traced function"),

@@ -1067,13 +1067,17 @@ class Scope:
                 if now != state:
                     raise UntracedState(t, f"{name}.{_first_change(state, now)}", "Tensor")
         with unobserved():
-            changed = [(t, state, now) for t, state in (before or {}).values() if (now := _autograd_state_unobserved(t.obj)) != state]
-        for t, state, now in changed[:1]:
-                if not t.plain_inner:
-                    raise UntracedState(t, _first_change(state, now), "Tensor")
-                # a plain tensor the op was handed: named as such, blamed on a subclass the op reached
-                owner = next((o for o in self.tracked.values() if not o.plain_inner), t)
-                raise UntracedState(owner, f"<tensor argument>.{_first_change(state, now)}", "Tensor")
+            changed = next(
+                ((t, state, now) for t, state in (before or {}).values() if (now := _autograd_state_unobserved(t.obj)) != state),
+                None,
+            )
+        if changed is not None:
+            t, state, now = changed
+            if not t.plain_inner:
+                raise UntracedState(t, _first_change(state, now), "Tensor")
+            # a plain tensor the op was handed: named as such, blamed on a subclass the op reached
+            owner = next((o for o in self.tracked.values() if not o.plain_inner), t)
+            raise UntracedState(owner, f"<tensor argument>.{_first_change(state, now)}", "Tensor")
 
     def refuse_autograd_set_by_hand(
         self, tracked: Tracked, before: dict[int, tuple[Tracked, tuple]], made: list[Any], writes: list["Write"]
@@ -1687,6 +1691,30 @@ def split_context(split: tuple[type, str]) -> str:
         f"while traced, torch's Python decomposition {decomposition} hands {klass.__name__}'s dispatch "
         "an op's parts, where eager hands it the op whole: what dispatch writes could differ"
     )
+
+
+def exception_chain(exc: BaseException, most: int = 6) -> Iterator[BaseException]:
+    """``exc`` and what it wraps (its cause, or the exception it was raised handling)."""
+    for _ in range(most):
+        yield exc
+        inner = exc.__cause__ or exc.__context__
+        if inner is None:
+            return
+        exc = inner
+
+
+def left_dispatch(exc: BaseException, raised: list[BaseException]) -> BaseException | None:
+    """Note [An error torch raised inside dispatch]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Fake propagation can fail inside a user dispatch on what tracing cannot know: a branch
+    on tensor data (``if self.elem.abs().max() > 2: self.overflows += 1``) raises torch's
+    data-dependent error. Stock never met it where the traced instance lacked the state
+    the branch is behind (the count lost, silently). The op is refused as
+    ``dispatch_raised``, naming the subclass, and under ``fullgraph=False`` runs eagerly
+    with its dispatch frame left uncompiled: Dynamo compiling that frame after the graph
+    break crashed reading ``self.__dict__`` (an outside tester's find); an AOTAutograd pass alike (``aot_layer._refuse_what_left_dispatch``). Returns what left
+    dispatch (``exc`` or what it wraps), or None where the failure was not inside one."""
+    return next((e for e in exception_chain(exc) if any(e is r for r in raised)), None)
 
 
 def caught_here(scope: Scope, raised: list[BaseException]) -> BaseException | None:

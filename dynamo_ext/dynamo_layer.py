@@ -2465,11 +2465,8 @@ def _refuse_a_changed_tensor_two_inputs_hold(tx: Any, state: FrameState, changed
 
 
 def _flatten_names_of(obj: Any) -> frozenset[str]:
-    with capture.unobserved():
-        try:
-            return frozenset(obj.__tensor_flatten__()[0])
-        except Exception:  # noqa: BLE001 - a flatten that fails here is not this check's business
-            return frozenset()
+    with capture.unobserved():  # a look of dynamo_ext's own, not a read of dispatch's
+        return frozenset(capture._flatten_names(obj))
 
 
 _IN_PLACE_OPERATORS = frozenset({
@@ -2726,7 +2723,7 @@ def _propagate(
                 if user is not None:
                     # named by what left dispatch, not torch's wrapper around it (an outside
                     # tester's find: "raised RuntimeError" for the user's own exception class)
-                    user = _left_dispatch(exc, scope.raised) or user
+                    user = capture.left_dispatch(exc, scope.raised) or user
                     _graph_break(RefusalKind.DISPATCH_RAISED, blame(), "<dispatch>", type(user).__name__, repr(user)[:300])
                 if state.tensor_reads and _real_tensor_in_fake_propagation(exc):
                     _graph_break(
@@ -2737,7 +2734,7 @@ def _propagate(
                 caught = capture.caught_here(scope, scope.raised)
                 if caught is not None:  # what dispatch caught left the op in a state it failed on
                     _graph_break(*_caught_refusal(state, node, caught))
-                left = _left_dispatch(exc, scope.raised)
+                left = capture.left_dispatch(exc, scope.raised)
                 if left is not None:
                     _graph_break(
                         RefusalKind.DISPATCH_RAISED, blame(), "<dispatch>", type(left).__name__,
@@ -2767,20 +2764,10 @@ def _holds_unbacked(value: Any) -> bool:
     return any(isinstance(p, SYMBOLIC_TYPES) and free_unbacked_symbols(p) for p in parts)
 
 
-def _chain(exc: BaseException, most: int = 6) -> Iterator[BaseException]:
-    """``exc`` and what it wraps (its cause, or the exception it was raised handling)."""
-    for _ in range(most):
-        yield exc
-        inner = exc.__cause__ or exc.__context__
-        if inner is None:
-            return
-        exc = inner
-
-
 def _real_tensor_in_fake_propagation(exc: BaseException) -> bool:
     """Fake propagation failed on a real tensor among an op's arguments (FakeTensorMode's
     "Please convert all Tensors to FakeTensors first")."""
-    return any("convert all Tensors to FakeTensors" in str(e) for e in _chain(exc))
+    return any("convert all Tensors to FakeTensors" in str(e) for e in capture.exception_chain(exc))
 
 
 def _reading_frame() -> Any:
@@ -2808,20 +2795,6 @@ def _users_own(raised: list[BaseException]) -> list[BaseException]:
         if where is not None and not os.path.realpath(where).startswith(_TORCH_DIR):  # not raised by torch
             users.append(e)
     return users
-
-
-def _left_dispatch(exc: BaseException, raised: list[BaseException]) -> BaseException | None:
-    """Note [An error torch raised inside dispatch]
-    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    Fake propagation can fail inside a user dispatch on what tracing cannot know: a branch
-    on tensor data (``if self.elem.abs().max() > 2: self.overflows += 1``) raises torch's
-    data-dependent error. Stock never met it where the traced instance lacked the state
-    the branch is behind (the count lost, silently). The op is refused as
-    ``dispatch_raised``, naming the subclass, and under ``fullgraph=False`` runs eagerly
-    with its dispatch frame left uncompiled: Dynamo compiling that frame after the graph
-    break crashed reading ``self.__dict__`` (an outside tester's find). Returns what left
-    dispatch (``exc`` or what it wraps), or None where the failure was not inside one."""
-    return next((e for e in _chain(exc) if any(e is r for r in raised)), None)
 
 
 def _caught_refusal(state: FrameState, node: torch.fx.Node, caught: BaseException) -> tuple:
