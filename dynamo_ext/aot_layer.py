@@ -1699,7 +1699,13 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                 real = planner.real_of(i)
                 if (
                     isinstance(real, torch.Tensor) and not _is_subclass(real)
-                    and (planner.record is None or not config.dynamo_layer or capture.user_state(capture.obj_dict(real)))
+                    and (
+                        planner.record is None or not config.dynamo_layer
+                        or capture.user_state(capture.obj_dict(real))
+                        # handed to an op of a subclass in Dynamo's pass: dispatch may read its
+                        # ``_version`` (See Note [A plain argument's version counter])
+                        or id(real) in planner.record.sources
+                    )
                 ):
                     scope.track(a, real, _Where(i, ()), plain_inner=True)
         watch = _watch_classes(t.obj for t in scope.tracked.values())

@@ -317,6 +317,21 @@ class FrameState:
             return
         self._refuse_pending(t, t.obj, t.data, asked, "on this tensor, which it made, ")
 
+    # Note [A plain argument's version counter]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # Dispatch reading ``scale._version`` of a plain tensor it is handed reads the real counter
+    # (guarded) plus the in-place changes the frame made to it so far. Those are counted from
+    # the frame's start, when Dynamo made the fake at 0, not from when dispatch was first handed
+    # the tensor: ``s.add_(1); w * s`` read one less than eager (an outside tester's find). A
+    # fake Dynamo makes later as a view of an input it changed shares that input's counter, as
+    # the real view does. AOTAutograd's passes read their functional tensor's own counter, from
+    # 0: an input Dynamo's pass handed to an op of a subclass is tracked there too, and its
+    # counter answered from the real one alike (a cache keyed on it went stale on aot_eager).
+    # A view of an input the function changed keeps its own functional counter there: the passes
+    # disagree and the program is refused (``inconsistent_passes``).
+    # AOTAutograd counts a change its graph makes to an input twice (torch's own write-back);
+    # a read in the next call sees that count, as the user's own code does.
+
     def track_plain_arg(self, node: torch.fx.Node) -> None:
         """A plain tensor an op on a subclass is given (a graph input, or a tensor the graph
         computed): dispatch may write on it too (``x.seen_by = w.n``), a write to replay."""
@@ -327,7 +342,9 @@ class FrameState:
         if vt is not None and vt.source is not None and "grapharg" in vt.proxy.node.meta:
             real = vt.proxy.node.meta["grapharg"].example
             if isinstance(real, torch.Tensor):
-                self.scope.track(fake, real, Ref(vt, vt.source, vt.proxy.node), plain_inner=True)
+                t = self.scope.track(fake, real, Ref(vt, vt.source, vt.proxy.node), plain_inner=True)
+                # See Note [A plain argument's version counter]
+                t.entry_version = 0
                 self.record.sources[id(real)] = vt.source
             return
         vt = self.intermediate_vt(fake)

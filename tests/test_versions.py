@@ -190,3 +190,114 @@ def test_dispatch_reading_whether_its_tensor_holds_a_gradient(backend, fullgraph
         assert compiled == [False, ("refused", False), False]
     else:
         assert compiled == eager == [False, True, False]
+
+
+class ScaledBy(torch.Tensor):
+    """A weight multiplied by a plain scale tensor its caller hands in; dispatch caches the
+    scaled copy keyed on the scale's version counter and counts its ops."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
+        r.elem = elem
+        return r
+
+    def __init__(self, *args):
+        pass
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        return ScaledBy(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        w = args[0]
+        w.ops = getattr(w, "ops", 0) + 1
+        if func is torch.ops.aten.mul.Tensor:
+            scale = args[1]
+            w.seen = scale._version
+            if getattr(w, "key", None) != scale._version:
+                w.scaled = w.elem * scale
+                w.key = scale._version
+                w.misses = getattr(w, "misses", 0) + 1
+            return w.scaled.clone()
+        return func(*tree_map(lambda t: t.elem if isinstance(t, cls) else t, args), **(kwargs or {}))
+
+
+def _state(w, out):
+    return out.tolist(), w.ops, w.seen, w.key, w.misses
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_cache_keyed_on_a_plain_argument_version(backend, fullgraph):
+    """The caller changes the scale in place between some calls. Each pass answers the read from
+    the real scale: AOTAutograd's passes read their functional tensor's own counter, 0, and on
+    the call after a recompile the cache was replayed as missed with the key 0 (an outside
+    tester's find, silent)."""
+
+    def run(fn):
+        w, scale = ScaledBy(torch.arange(3.0)), torch.ones(3)
+        seen = []
+        for step in range(5):
+            seen.append(_state(w, fn(w, scale)))
+            if step in (1, 2):
+                with torch.no_grad():
+                    scale.add_(1.0)
+        return seen
+
+    torch._dynamo.reset()
+    eager = run(lambda w, s: w * s + 1)
+    compiled = run(torch.compile(lambda w, s: w * s + 1, backend=backend, fullgraph=fullgraph))
+    assert compiled == eager
+
+
+def changes_the_scale_first(w, s):
+    s.add_(1.0)
+    return w * s
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_plain_argument_version_read_after_the_function_changed_it(backend, fullgraph):
+    """Note [A plain argument's version counter]: read after the function's own ``s.add_(1)``,
+    the counter counts it. It counted from when dispatch was first handed the scale, so the read
+    was one behind eager's. Each call is handed a scale changed in place a different number of
+    times before (equal in eager and compiled)."""
+
+    def run(fn):
+        w = ScaledBy(torch.arange(3.0))
+        seen = []
+        for before in (0, 0, 2, 1, 1):
+            scale = torch.ones(3)
+            for _ in range(before):
+                scale.mul_(1.0)
+            seen.append(_state(w, fn(w, scale)) + (scale.tolist(),))
+        return seen
+
+    torch._dynamo.reset()
+    eager = run(changes_the_scale_first)
+    compiled = run(torch.compile(changes_the_scale_first, backend=backend, fullgraph=fullgraph))
+    assert compiled == eager
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+def test_the_same_scale_changed_by_the_function_every_call_on_the_eager_backend(fullgraph):
+    """On ``backend="eager"`` the graph changes the real scale once per call, as eager does: the
+    counter, what dispatch keeps from it and the cache match eager call after call. (AOTAutograd
+    counts an input its graph changes twice per call; see the README's limits.)"""
+
+    def run(fn):
+        w, scale = ScaledBy(torch.arange(3.0)), torch.ones(3)
+        seen = []
+        for _ in range(4):
+            seen.append(_state(w, fn(w, scale)) + (scale._version,))
+        return seen
+
+    torch._dynamo.reset()
+    eager = run(changes_the_scale_first)
+    compiled = run(torch.compile(changes_the_scale_first, backend="eager", fullgraph=fullgraph))
+    assert compiled == eager
