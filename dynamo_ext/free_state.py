@@ -1331,11 +1331,16 @@ _SETTINGS: dict[bool, tuple[tuple[str, str, Callable[[], Any], Callable[[Any], N
 
 
 def _build_settings(np: Any) -> tuple[tuple[str, str, Callable[[], Any], Callable[[Any], None]], ...]:
+    import _signal
     import signal
     import threading
 
     def flag(owner: Any, name: str) -> tuple[Callable[[], Any], Callable[[Any], None]]:
-        return (lambda: getattr(owner, name)), (lambda v: setattr(owner, name, v))
+        # read through the flag's own getter, set through the property (torch's frozen-flags
+        # check): the watch reads every setting twice per traced op
+        prop = next((vars(k)[name] for k in type(owner).__mro__ if name in vars(k)), None)
+        get = prop.getter if isinstance(prop, torch.backends.ContextProp) else functools.partial(getattr, owner, name)
+        return get, (lambda v: setattr(owner, name, v))
 
     def put_gc(v: bool) -> None:
         (gc.enable if v else gc.disable)()
@@ -1345,7 +1350,7 @@ def _build_settings(np: Any) -> tuple[tuple[str, str, Callable[[], Any], Callabl
 
     def put_signals(v: tuple) -> None:
         for s, handler in zip(signals, v):
-            if handler is not None and signal.getsignal(s) is not handler:
+            if handler is not None and _signal.getsignal(s) is not handler:
                 signal.signal(s, handler)
 
     opts = torch._tensor_str.PRINT_OPTS
@@ -1376,7 +1381,8 @@ def _build_settings(np: Any) -> tuple[tuple[str, str, Callable[[], Any], Callabl
         ("signal", "pthread_sigmask", lambda: signal.pthread_sigmask(signal.SIG_BLOCK, ()), lambda v: signal.pthread_sigmask(signal.SIG_SETMASK, v)),
         ("gc", "disable", gc.isenabled, put_gc),
         ("os", "chdir", os.getcwd, os.chdir),
-        ("signal", "signal", lambda: tuple(map(signal.getsignal, signals)), put_signals),
+        # the handlers as the C module holds them (``signal.getsignal`` makes enums of them)
+        ("signal", "signal", lambda: tuple(map(_signal.getsignal, signals)), put_signals),
     ]
     if hasattr(sys, "get_int_max_str_digits"):
         settings.append(("sys", "set_int_max_str_digits", sys.get_int_max_str_digits, sys.set_int_max_str_digits))
@@ -1409,6 +1415,14 @@ def _read(get: Callable[[], Any]) -> Any:
         return get()
     except Exception as exc:  # noqa: BLE001 - a read that raises is no change of dispatch's
         return _Unreadable(type(exc))
+
+
+def _read_all(settings: tuple[tuple[str, str, Callable[[], Any], Callable[[Any], None]], ...]) -> list[Any]:
+    """Each setting's value, or its error where its read raises (See ``_Unreadable``)."""
+    try:
+        return [get() for _, _, get, _ in settings]
+    except Exception:  # noqa: BLE001 - one read raised: each alone
+        return [_read(get) for _, _, get, _ in settings]
 
 
 def _backend_flags(flag: Callable[[Any, str], tuple]) -> list[tuple[str, str, Callable[[], Any], Callable[[Any], None]]]:
@@ -1476,7 +1490,7 @@ def _process_state() -> tuple[Any, tuple, list[Any], frozenset, Any]:
     settings (with their values), the live ``weakref.finalize`` registrations and the
     loggers' levels."""
     settings = _torch_settings()
-    values = [_read(get) for _, _, get, _ in settings]
+    values = _read_all(settings)
     return _generator_bytes(), settings, values, frozenset(weakref.finalize._registry), _logger_levels()  # type: ignore[attr-defined]
 
 
@@ -1491,9 +1505,24 @@ def _logger_levels() -> tuple[list, list, int]:
         known = _LOGGERS[len(manager.loggerDict)] = [
             logging.root, *(v for v in list(manager.loggerDict.values()) if isinstance(v, logging.Logger))
         ]
-    return known, [(lg.level, lg.disabled, lg.propagate, len(lg.handlers), len(lg.filters)) for lg in known], manager.disable
+    return known, _logger_fields(known), manager.disable
 
 
+def _logger_fields(loggers: list) -> tuple[list, ...]:
+    """Each logger's level, ``disabled``, ``propagate``, handlers and filters lists, and their
+    lengths, one list per field: read from the instance dicts in C and making no object per
+    logger (a process holds hundreds of loggers, read twice per traced op; a tuple each
+    triggered the garbage collector's passes over the trace's objects)."""
+    try:
+        dicts = list(map(_VARS, loggers))
+        fields = [list(map(operator.itemgetter(name), dicts)) for name in _LOGGER_FIELDS]
+    except KeyError:  # a Logger subclass keeping them elsewhere
+        fields = [[getattr(lg, name) for lg in loggers] for name in _LOGGER_FIELDS]
+    return (*fields, list(map(len, fields[3])), list(map(len, fields[4])))
+
+
+_VARS = operator.attrgetter("__dict__")
+_LOGGER_FIELDS = ("level", "disabled", "propagate", "handlers", "filters")
 _LOGGERS: dict[int, list] = {}
 
 
@@ -1522,7 +1551,7 @@ def _restore_process_state(before: tuple[Any, tuple, list[Any], frozenset, Any])
         changes.append(GlobalChange("torch", "<global generator>", "seeded or drawn from (torch.manual_seed)"))
         with _outside_traces():
             torch.random.default_generator.set_state(torch.frombuffer(bytearray(generator), dtype=torch.uint8))
-    now = [_read(get) for _, _, get, _ in settings]
+    now = _read_all(settings)
     # types first: a symbolic value landed in a setting compares symbolically (a guard)
     if list(map(type, now)) != list(map(type, values)) or now != values:
         for (module, name, _, put), value, value_now in zip(settings, values, now):
@@ -1535,17 +1564,17 @@ def _restore_process_state(before: tuple[Any, tuple, list[Any], frozenset, Any])
         changes.append(GlobalChange("weakref", "finalize", "registered on a traced object (its callback runs when the trace's objects die)"))
         for f in added:
             f.detach()
-    now_levels = [(lg.level, lg.disabled, lg.propagate, len(lg.handlers), len(lg.filters)) for lg in loggers]
-    if now_levels != levels:
-        for owner, state, now in zip(loggers, levels, now_levels):
-            if now != state:
+    now_levels = _logger_fields(loggers)
+    if any(now is not then and now != then for now, then in zip(now_levels, levels)):
+        for owner, then, now in zip(loggers, zip(*levels), zip(*now_levels)):
+            if any(a is not b for a, b in zip(now, then)) and now != then:
                 changes.append(GlobalChange(
                     "logging", owner.name, "set (a logger's level, disabled, propagate, handlers or filters)"
                 ))
-                owner.setLevel(state[0])
-                owner.disabled, owner.propagate = state[1], state[2]
-                del owner.handlers[state[3]:]  # added ones (``addHandler``, ``basicConfig``) go
-                del owner.filters[state[4]:]
+                level, owner.disabled, owner.propagate, owner.handlers, owner.filters, handlers, filters = then
+                owner.setLevel(level)
+                del owner.handlers[handlers:]  # added ones (``addHandler``, ``basicConfig``) go
+                del owner.filters[filters:]
     if logging.Logger.manager.disable != disabled:
         changes.append(GlobalChange("logging", "disable", "set (logging.disable)"))
         logging.disable(disabled)

@@ -102,6 +102,19 @@ def _set(how, n):
         gc.callbacks.append(_hook)
     elif how == "logger_handler":
         LOG.addHandler(logging.NullHandler())
+    # set without the logging API's setters, and a handler that is a function
+    elif how == "logger_level_attribute":
+        LOG.level = logging.DEBUG
+    elif how == "logger_propagate":
+        LOG.propagate = False
+    elif how == "logger_disabled":
+        LOG.disabled = True
+    elif how == "logger_filter":
+        LOG.addFilter(lambda record: True)
+    elif how == "logger_handlers_replaced":
+        LOG.handlers = [logging.NullHandler()]
+    elif how == "signal_function":
+        signal.signal(signal.SIGUSR2, _hook)
 
 
 def _hook(*args):
@@ -132,7 +145,8 @@ HOWS = [
     # outside round 38
     "fill_uninitialized_memory", "autograd_multithreading", "mkldnn_conv_fp32_precision", "gc_debug",
     "signal_mask", "thread_stack_size", "numpy_seterrcall", "numpy_bufsize", "sys_path", "gc_callback",
-    "logger_handler",
+    "logger_handler", "logger_level_attribute", "logger_propagate", "logger_disabled", "logger_filter",
+    "logger_handlers_replaced", "signal_function",
 ]
 LOG = logging.getLogger("dynamo_ext_tests.process_state")
 
@@ -149,11 +163,13 @@ def _guard(how):
     precision = torch._tensor_str.PRINT_OPTS.precision
     level = LOG.level
     interpreter = _interpreter()
+    handlers = list(LOG.handlers)
     try:
         with torch.autograd.set_detect_anomaly(torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()):
             yield
     finally:
         _put_interpreter(interpreter)
+        LOG.handlers[:] = handlers
         torch.set_default_dtype(dtype)
         torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
         torch.set_printoptions(precision=precision)
@@ -171,6 +187,8 @@ def _interpreter():
         sys.getrecursionlimit(), sys.getswitchinterval(), sys.get_int_max_str_digits(), gc.get_threshold(),
         gc.isenabled(), torch.is_anomaly_enabled(), np.geterr(), np.get_printoptions(),
         signal.getsignal(signal.SIGUSR1), sys.excepthook, os.getcwd(),
+        LOG.propagate, LOG.disabled, len(LOG.filters), [type(h).__name__ for h in LOG.handlers],
+        signal.getsignal(signal.SIGUSR2),
     )
 
 
@@ -203,6 +221,9 @@ def _put_interpreter(v):
     signal.signal(signal.SIGUSR1, v[8])
     sys.excepthook = v[9]
     os.chdir(v[10])
+    LOG.propagate, LOG.disabled = v[11], v[12]
+    del LOG.filters[v[13]:]
+    signal.signal(signal.SIGUSR2, v[15])
 
 
 def _process():
