@@ -984,6 +984,10 @@ class Scope:
             if where is _METHOD and not t.shared and not t.plain_inner:
                 self.answer(self, t, Unshadowed(name))
             t.settled.add(name)
+            if name == "grad" and isinstance(t.real, torch.Tensor) and isinstance(t.obj, torch.Tensor):
+                # the traced tensor is no leaf where the real one is: torch's warning for
+                # reading a non-leaf's gradient only where eager's read warns
+                return free_state.grad_of(t.obj) if _grad_reads_quietly(t.real) else get(t.obj, name)
             return get(t.obj, name)
         try:
             return self.answer(self, t, name)
@@ -2035,6 +2039,12 @@ def _make_version_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]
 
 
 _VERSION = torch._C.TensorBase.__dict__["_version"]
+
+
+def _grad_reads_quietly(t: torch.Tensor) -> bool:
+    """Whether reading ``t.grad`` gives no warning (a leaf, or a tensor retaining its gradient)."""
+    base = torch._C.TensorBase
+    return base.grad_fn.__get__(t) is None or base.retains_grad.__get__(t)  # type: ignore[attr-defined]
 
 
 def _raw_version(obj: Any) -> int | None:

@@ -301,3 +301,23 @@ def test_the_same_scale_changed_by_the_function_every_call_on_the_eager_backend(
     eager = run(changes_the_scale_first)
     compiled = run(torch.compile(changes_the_scale_first, backend="eager", fullgraph=fullgraph))
     assert compiled == eager
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_gradient_read_warns_only_where_eager_warns(backend, fullgraph):
+    """The traced stand-in for a leaf parameter is no leaf: reading its ``.grad`` gave torch's
+    non-leaf warning where eager's read of the parameter gives none."""
+    import warnings
+
+    def run(fn):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(NotesItsGradient(torch.randn(4, 4)))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            fn(torch.ones(2, 4), w)
+        return [str(m.message)[:60] for m in seen if "non-leaf" in str(m.message)]
+
+    torch._dynamo.reset()
+    assert run(lambda x, w: (x @ w).sum()) == []
+    assert run(torch.compile(lambda x, w: (x @ w).sum(), backend=backend, fullgraph=fullgraph)) == []
