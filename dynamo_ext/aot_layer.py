@@ -626,6 +626,14 @@ class Planner:
         """A read in the traced backward: an int the instance holds is a counted value
         (computed again at each run-time backward); anything else is guarded in the forward."""
         if t.plain_inner:
+            if name == "_version" and isinstance(t.data, _Where) and isinstance(t.real, torch.Tensor):
+                # an inner tensor's counter (``w.elem._version``, a cache key): the real one,
+                # guarded and checked again when the backward runs; it answered None, which the
+                # plan replayed (an outside tester's find)
+                value = t.real._version
+                self._guard(t, name, value)
+                self.backward_checks[(t.data.index, t.data.path, name)] = "value"
+                return value
             return None
         if not isinstance(t.data, _Where):
             if t.real is t.obj and isinstance(name, str):
@@ -651,7 +659,17 @@ class Planner:
                 # (``self.__dict__.get("n", 0)``, ``"flag" in vars(self)``) read which names
                 # there are; a name written between the forward and the backward (a retained
                 # graph's first backward) changes that
-                self.backward_checks[(t.data.index, t.data.path, plan_mod.DICT_KEYS)] = "value"
+                # Dynamo's residual bytecode sets its writes after the compiled forward returns,
+                # so the check adds their names to what the forward left (a backward counting
+                # with ``self.__dict__.get`` was refused with nothing changed: an outside
+                # tester's find)
+                replayed = frozenset(
+                    n for n, v in (self.record.recorded.get(id(t.real), {}) if self.record is not None else {}).items()
+                    if v is not MISSING
+                )
+                self.backward_checks[(t.data.index, t.data.path, plan_mod.DICT_KEYS)] = (
+                    ("keys", replayed) if replayed else "value"
+                )
             return None
         if not isinstance(name, str):
             return None

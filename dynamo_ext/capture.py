@@ -793,6 +793,10 @@ class Scope:
         #: Called with the frame of traced code that touched a tracked object (the Dynamo
         #: layer finds the user code dispatch runs this way: free_state.Collector).
         self.on_access: Callable[[Any, type], None] | None = None
+        #: Called with a tensor user code read ``_version`` of that no real tensor stands
+        #: behind (an intermediate); may refuse (See Note [A version counter no real tensor
+        #: answers] in dynamo_layer.py).
+        self.untracked_version: Callable[[Any], None] | None = None
         #: Symbolic values user code turned into text here, answered by their hint and guarded
         #: once the trace is over (See Note [Symbolic text in the traced backward]); None:
         #: guarded at once.
@@ -2018,7 +2022,12 @@ def _make_version_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]
 
     def get_version(obj: Any) -> Any:
         scope, t = _tracked_here(obj)
-        if t is None or t.real is None or scope.answer is None or not _called_from_user(2):
+        if t is None or t.real is None:
+            scope = getattr(_local, "scope", None)
+            if scope is not None and scope.untracked_version is not None and _called_from_user(2):
+                scope.untracked_version(obj)
+            return descriptor.__get__(obj, type(obj))
+        if scope.answer is None or not _called_from_user(2):
             return descriptor.__get__(obj, type(obj))
         return scope.answer(scope, t, "_version")
 

@@ -99,6 +99,7 @@ class FrameState:
     def __init__(self, tx: Any) -> None:
         self.tx = tx
         self.scope = Scope(answer=self._answer, label="dynamo")
+        self.scope.untracked_version = self._untracked_version
         self.scope.changed_in_place = {}
         self.record = handoff.DynamoRecord()
         self.collector = free_state.Collector(_OP_BOUNDARY)  # user code that ran in dispatch
@@ -351,6 +352,43 @@ class FrameState:
         if vt is not None:  # a tensor the graph computed: the caller may receive it
             self.scope.track(fake, None, Ref(vt, None, vt.proxy.node), plain_inner=True)
         return None
+
+    # Note [A version counter no real tensor answers]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # ``_version`` of a tensor the compiled function made is its fake's count, which is eager's
+    # for a tensor of its own. A view of an input (``s[0]``, ``tokens[:, :L]``, ``w.elem[0:4]``,
+    # a ``detach()``) shares the input's counter in eager, moved on by the caller's in-place
+    # updates between calls; its fake counted from 0 and a cache keyed on it was never rebuilt
+    # on aot_eager, the outputs stale (an outside tester's find). Such a read, of a tensor on
+    # the storage of a graph input or of a tensor a real one stands behind, is refused. A plain
+    # tensor the real object holds outside its flatten list, lifted as a graph input of its own
+    # (``w.side``, a registered state object's buffer), is tracked with that real tensor: its
+    # read is answered from it and guarded, in AOTAutograd's passes too.
+
+    def _untracked_version(self, obj: Any) -> None:
+        key = capture.storage_key(obj)
+        if key is None:
+            return
+        inputs: list[Any] = [t.obj for t in self.scope.tracked.values() if t.real is not None and t.obj is not obj]
+        for node in self.tx.output.graph.find_nodes(op="placeholder"):
+            example = node.meta.get("example_value")
+            if isinstance(example, torch.Tensor):
+                inputs.append(example)
+                names = capture._flatten_names(example) if type(example) is not torch.Tensor else ()
+                inputs.extend(getattr(example, n, None) for n in names)
+        if any(isinstance(i, torch.Tensor) and i is not obj and capture.storage_key(i) == key for i in inputs):
+            reader = capture.dispatching_class()
+            blamed = next((t for t in self.scope.tracked.values() if type(t.obj) is reader), None)
+            if blamed is None:
+                blamed = _first_subclass(self, self._node) if self._node is not None else next(iter(self.scope.tracked.values()))
+            _refuse(
+                RefusalKind.UNSUPPORTED_STATE_READ, blamed, "_version", "int",
+                "dispatch reads the version counter of a tensor on the storage of a graph input (a view "
+                "of it the compiled function made): eager's counter is the input's, moved on by in-place "
+                "updates between calls, which the traced one does not count",
+                hint="Key the cache on the input itself (hand the whole tensor to the op), or let the op "
+                "run eagerly (fullgraph=False graph-breaks there).",
+            )
 
     def _track_real(self, fake: Any, real: Any, ref: Ref) -> Tracked:
         """Track a traced object standing for ``real``, with what it reaches: subclasses
@@ -618,6 +656,16 @@ class FrameState:
         proxy = vt.as_proxy()
         self._insert_seed(ref, name, proxy.node)
         fake = proxy.node.meta["example_value"]
+        if (
+            type(value) in (torch.Tensor, torch.nn.Parameter) and isinstance(fake, torch.Tensor)
+            and self.scope.lookup(fake) is None and "grapharg" in proxy.node.meta
+        ):
+            # See Note [A version counter no real tensor answers]: a plain tensor the real object
+            # holds (``w.side``, a registered state object's buffer, a result kept from an earlier
+            # call) stands for that tensor, its ``_version`` answered from it and guarded
+            seeded = self.scope.track(fake, value, Ref(vt, vt.source, proxy.node), plain_inner=True)
+            seeded.entry_version = 0
+            self.record.sources[id(value)] = vt.source
         if (
             is_traceable_wrapper_subclass(fake) and is_traceable_wrapper_subclass(value)
             and self.scope.lookup(fake) is None and "grapharg" in proxy.node.meta

@@ -437,6 +437,8 @@ class Replay:
             if isinstance(how, tuple) and how[0] == "packed":
                 parts = [c if kind == "constant" else out[c] for kind, c in how[2]]
                 snapshot.append((key, "value", how[1](parts)))
+            elif isinstance(how, tuple) and how[0] == "keys":  # the names Dynamo replays, set after this
+                snapshot.append((key, "value", now(key) | how[1]))
             elif isinstance(how, tuple):
                 snapshot.append((key, "value", how[1] if how[0] == "constant" else out[how[1]]))
             else:
