@@ -960,10 +960,10 @@ class Scope:
                 t.settled.add(name)
                 t.on_read(t, name)
             return get(t.obj, name)
-        if name == "grad" and self.label == "dynamo" and not t.plain_inner and _called_from_user(3):
+        if name == "grad" and self.label == "dynamo" and not t.plain_inner and isinstance(t.obj, torch.Tensor) and _called_from_user(3):
             # See Note [A gradient dispatch reads] (dynamo_layer.py)
             return self.answer(self, t, name)
-        if name == "_version":
+        if name == "_version" and isinstance(t.obj, torch.Tensor):
             # what the version hooks answer when user code reads it (See _make_version_hooks);
             # a subclass's own counter alike (a cache keyed on ``self._version``, which an
             # optimizer's in-place step moves on: replayed stale, an outside tester's find)
@@ -1306,7 +1306,9 @@ def _make_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]:
         elif not is_torch_internal(name) and id(obj) not in scope.constructing:
             if t is None:  # a registered state object the trace reached through a ctx
                 t = scope.track(obj, obj)
-            if (name == "__class__" or name in _TENSOR_STATE_NAMES) and _changes_tensor_state(t, 1):
+            # a tensor's state names, on a tensor: a registered state object's own field may be
+            # called ``data`` (DTensor's MaskBuffer): refused as a tensor's (an outside tester's find)
+            if (name == "__class__" or (name in _TENSOR_STATE_NAMES and isinstance(obj, torch.Tensor))) and _changes_tensor_state(t, 1):
                 raise UntracedState(t, name, type(value).__name__)
             if not name.isidentifier():
                 raise OddName(t, name, "set")
