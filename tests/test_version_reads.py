@@ -16,9 +16,8 @@ import dynamo_ext
 BACKENDS = ["eager", "aot_eager"]
 
 
-class Masked(torch.Tensor):
-    """An embedding-like weight caching a processed mask keyed on the mask tensor's version
-    (a DTensor-style vocab mask, refilled in place each step)."""
+class _Wrapper(torch.Tensor):
+    """A wrapper of one plain tensor, ``elem``."""
 
     @staticmethod
     def __new__(cls, elem):
@@ -32,9 +31,14 @@ class Masked(torch.Tensor):
     def __tensor_flatten__(self):
         return ["elem"], None
 
-    @staticmethod
-    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
-        return Masked(inner["elem"])
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        return cls(inner["elem"])
+
+
+class Masked(_Wrapper):
+    """An embedding-like weight caching a processed mask keyed on the mask tensor's version
+    (a DTensor-style vocab mask, refilled in place each step)."""
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -164,25 +168,9 @@ def test_a_cache_keyed_on_a_buffer_the_subclass_holds(cls, backend, fullgraph):
     assert compiled == eager
 
 
-class KeepsResult(torch.Tensor):
+class KeepsResult(_Wrapper):
     """A cache refreshed from the result the compiled function kept on it (``w.last = out``,
     an activation or EMA cache), keyed on that result's version."""
-
-    @staticmethod
-    def __new__(cls, elem):
-        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
-        r.elem = elem
-        return r
-
-    def __init__(self, *args):
-        pass
-
-    def __tensor_flatten__(self):
-        return ["elem"], None
-
-    @staticmethod
-    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
-        return KeepsResult(inner["elem"])
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -225,24 +213,8 @@ def test_a_cache_keyed_on_a_kept_result_the_caller_changes(backend, fullgraph):
     assert compiled == eager
 
 
-class BackwardKeyed(torch.Tensor):
+class BackwardKeyed(_Wrapper):
     """A weight whose backward op records its inner tensor's version and counts rebuilds."""
-
-    @staticmethod
-    def __new__(cls, elem):
-        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
-        r.elem = elem
-        return r
-
-    def __init__(self, *args):
-        pass
-
-    def __tensor_flatten__(self):
-        return ["elem"], None
-
-    @staticmethod
-    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
-        return BackwardKeyed(inner["elem"])
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -283,24 +255,8 @@ def test_an_inner_version_the_backward_reads(backend, fullgraph):
     assert compiled == eager
 
 
-class CountsThroughItsDict(torch.Tensor):
+class CountsThroughItsDict(_Wrapper):
     """Forward and backward count through ``self.__dict__.get``."""
-
-    @staticmethod
-    def __new__(cls, elem):
-        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
-        r.elem = elem
-        return r
-
-    def __init__(self, *args):
-        pass
-
-    def __tensor_flatten__(self):
-        return ["elem"], None
-
-    @staticmethod
-    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
-        return CountsThroughItsDict(inner["elem"])
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
