@@ -991,7 +991,7 @@ class Scope:
             if name == "grad" and isinstance(t.real, torch.Tensor) and isinstance(t.obj, torch.Tensor):
                 # the traced tensor is no leaf where the real one is: torch's warning for
                 # reading a non-leaf's gradient only where eager's read warns
-                return free_state.grad_of(t.obj) if _grad_reads_quietly(t.real) else get(t.obj, name)
+                return free_state.grad_of(t.obj) if free_state.grad_reads_quietly(t.real) else get(t.obj, name)
             return get(t.obj, name)
         try:
             return self.answer(self, t, name)
@@ -2025,7 +2025,7 @@ def _make_version_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]
     def get_version(obj: Any) -> Any:
         scope, t = _tracked_here(obj)
         if t is None or t.real is None:
-            scope = getattr(_local, "scope", None)
+            scope = current()
             if scope is not None and scope.untracked_version is not None and _called_from_user(2):
                 scope.untracked_version(obj)
             return descriptor.__get__(obj, type(obj))
@@ -2050,12 +2050,6 @@ def _make_version_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]
 
 
 _VERSION = torch._C.TensorBase.__dict__["_version"]
-
-
-def _grad_reads_quietly(t: torch.Tensor) -> bool:
-    """Whether reading ``t.grad`` gives no warning (a leaf, or a tensor retaining its gradient)."""
-    base = torch._C.TensorBase
-    return base.grad_fn.__get__(t) is None or base.retains_grad.__get__(t)  # type: ignore[attr-defined]
 
 
 def _raw_version(obj: Any) -> int | None:

@@ -343,15 +343,19 @@ class FrameState:
         if vt is not None and vt.source is not None and "grapharg" in vt.proxy.node.meta:
             real = vt.proxy.node.meta["grapharg"].example
             if isinstance(real, torch.Tensor):
-                t = self.scope.track(fake, real, Ref(vt, vt.source, vt.proxy.node), plain_inner=True)
-                # See Note [A plain argument's version counter]
-                t.entry_version = 0
-                self.record.sources[id(real)] = vt.source
+                self._track_plain_input(fake, real, Ref(vt, vt.source, vt.proxy.node))
             return
         vt = self.intermediate_vt(fake)
         if vt is not None:  # a tensor the graph computed: the caller may receive it
             self.scope.track(fake, None, Ref(vt, None, vt.proxy.node), plain_inner=True)
         return None
+
+    def _track_plain_input(self, fake: Any, real: torch.Tensor, ref: Ref) -> None:
+        """Track a plain graph input with the real tensor it stands for: its ``_version``
+        counted from the frame's start (See Note [A plain argument's version counter]), and
+        tracked in AOTAutograd's passes too (``record.sources``)."""
+        self.scope.track(fake, real, ref, plain_inner=True).entry_version = 0
+        self.record.sources[id(real)] = ref.source
 
     # Note [A version counter no real tensor answers]
     # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -663,9 +667,7 @@ class FrameState:
             # See Note [A version counter no real tensor answers]: a plain tensor the real object
             # holds (``w.side``, a registered state object's buffer, a result kept from an earlier
             # call) stands for that tensor, its ``_version`` answered from it and guarded
-            seeded = self.scope.track(fake, value, Ref(vt, vt.source, proxy.node), plain_inner=True)
-            seeded.entry_version = 0
-            self.record.sources[id(value)] = vt.source
+            self._track_plain_input(fake, value, Ref(vt, vt.source, proxy.node))
         if (
             is_traceable_wrapper_subclass(fake) and is_traceable_wrapper_subclass(value)
             and self.scope.lookup(fake) is None and "grapharg" in proxy.node.meta

@@ -1591,11 +1591,18 @@ def _restore_process_state(before: tuple[Any, tuple, list[Any], frozenset, Any])
 # as a change (``global_state_write``).
 
 
+def grad_reads_quietly(t: torch.Tensor) -> bool:
+    """Whether reading ``t.grad`` gives torch no warning (a leaf, or a tensor retaining its
+    gradient)."""
+    base = torch._C.TensorBase
+    return base.grad_fn.__get__(t) is None or base.retains_grad.__get__(t)  # type: ignore[attr-defined]
+
+
 def grad_of(t: torch.Tensor) -> Any:
     """``t.grad`` without torch's warning for a tensor that is no leaf (eager never reads
     it there; the warning would show where eager shows none: an outside tester's find)."""
     base = torch._C.TensorBase
-    if base.grad_fn.__get__(t) is None or base.retains_grad.__get__(t):  # type: ignore[attr-defined]
+    if grad_reads_quietly(t):
         return base._grad.__get__(t)  # type: ignore[attr-defined]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
