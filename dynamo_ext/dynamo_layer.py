@@ -1925,6 +1925,10 @@ def make_var_getattr_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         symbolic = _symbolic_on_a_result(self, tx, name)
         if symbolic is not None:
             return symbolic
+        if name == "_version":
+            counted = _version_of_subclass_state(self, tx)
+            if counted is not None:
+                return counted
         try:
             result = original(self, tx, name)
         except torch._dynamo.exc.ObservedAttributeError:
@@ -1938,6 +1942,44 @@ def make_var_getattr_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return var_getattr
+
+
+def _version_of_subclass_state(vt: Any, tx: Any) -> Any:
+    """Note [A subclass's version counter in code Dynamo traces]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Code Dynamo traces itself (a subclass method such as ``dequantize`` run from
+    ``__torch_function__``, a frame of its own once a refused op graph-breaks there) reads
+    ``self.int_data._version``, a cache key. Dynamo makes it an op whose value AOTAutograd bakes
+    from its functional tensor's counter: on aot_eager and inductor the key never moved and the
+    cache stayed stale after the user requantized in place (wrong outputs, an outside tester's
+    find; stock alike). The counter of a graph input that is a subclass or is reached through
+    one's attributes is answered from the real tensor and guarded, plus the in-place changes
+    the frame made to it so far (its fake counts them from 0), as dispatch's own reads are.
+    A plain tensor's counter read in the user's own code stays torch's. None: not such a read."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    source = vt.source
+    if source is None or not hasattr(vt, "proxy"):
+        return None
+    grapharg = vt.proxy.node.meta.get("grapharg")
+    fake = vt.proxy.node.meta.get("example_value")
+    real = getattr(grapharg, "example", None)
+    if not isinstance(real, torch.Tensor) or not isinstance(fake, torch.Tensor):
+        return None
+    rooted = is_traceable_wrapper_subclass(real)
+    base = getattr(source, "base", None)
+    while not rooted and base is not None:
+        held = tx.output.input_source_to_var.get(base)
+        example = held.proxy.node.meta.get("example_value") if held is not None and hasattr(held, "proxy") else None
+        rooted = isinstance(example, torch.Tensor) and is_traceable_wrapper_subclass(example)
+        base = getattr(base, "base", None)
+    if not rooted:
+        return None
+    from torch._dynamo.variables import ConstantVariable
+
+    value = real._version
+    guards.version(source, value)
+    return ConstantVariable.create(value + capture._raw_version(fake))
 
 
 def _symbolic_on_a_result(vt: Any, tx: Any, name: str) -> Any:
