@@ -174,6 +174,55 @@ def register_rebinder(rebind: Callable[[Any, dict[int, Any]], None]) -> None:
 def rebind_held(output: Any, mapping: dict[int, Any]) -> None:
     for rebind in _REBINDERS:
         rebind(output, mapping)
+    _rebind_attributes(output, mapping)
+
+
+def _rebind_attributes(t: Any, mapping: dict[int, Any]) -> None:
+    """A compiled output subclass (and the subclasses nested in its flatten list) holds the
+    objects ``mapping`` gives where it held the traced ones, in its attributes and in the
+    plain containers they hold (copied, so other outputs keep theirs)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(t):
+        return
+    d = obj_dict(t)
+    for name, value in list(d.items()):
+        now = swap_held(value, mapping)
+        if now is not value:
+            d[name] = now
+    for name in _flatten_names(t):
+        _rebind_attributes(getattr(t, name, None), mapping)
+
+
+def swap_held(value: Any, mapping: dict[int, Any], depth: int = 0) -> Any:
+    """``value`` with the objects ``mapping`` gives in place of the ones it names: the same
+    object where it holds none of them, else a shallow copy (of each container on the way)."""
+    if id(value) in mapping:
+        return mapping[id(value)]
+    if depth >= 6 or isinstance(value, (torch.Tensor, type, types.ModuleType)) or callable(value):
+        return value
+    if type(value) in _REGISTERED or value is None or isinstance(value, (int, float, str, bytes, bool)):
+        return value  # a shared state object: the same one in every call
+    if isinstance(value, (tuple, list)):
+        items = [swap_held(v, mapping, depth + 1) for v in value]
+        if all(a is b for a, b in zip(items, value)):
+            return value
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            return type(value)._make(items)
+        return type(value)(items)
+    if type(value) is dict:
+        swapped = {k: swap_held(v, mapping, depth + 1) for k, v in value.items()}
+        return value if all(swapped[k] is v for k, v in value.items()) else swapped
+    d = getattr(value, "__dict__", None)
+    if not isinstance(d, dict):
+        return value
+    changed = {k: v2 for k, v in list(d.items()) if (v2 := swap_held(v, mapping, depth + 1)) is not v}
+    if not changed:
+        return value
+    fresh = copy.copy(value)
+    for k, v in changed.items():
+        object.__setattr__(fresh, k, v)
+    return fresh
 
 
 def replayer_for(obj: Any) -> Callable[[Any, dict, dict], None]:
@@ -2079,6 +2128,7 @@ def make_backward_error_hook(original: Callable[..., Any]) -> Callable[..., Any]
     @functools.wraps(original)
     def _backward_error(cls: type, t: Any) -> Any:
         held = [(o, dict(vars(o))) for _, o in find_state(t)]
+        _fake_held_tensors(t, held)
         try:
             made = original(cls, t)
         finally:
@@ -2091,6 +2141,35 @@ def make_backward_error_hook(original: Callable[..., Any]) -> Callable[..., Any]
         return made
 
     return _backward_error
+
+
+def _fake_held_tensors(t: Any, held: list[tuple[Any, dict[str, Any]]]) -> None:
+    """Note [A real tensor a state object holds, in a fake copy's dispatch]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    The fake copy's ctx holds the real registered state objects, and its dispatch (the
+    ``detach`` that fakes its autograd history) may compute with a real tensor one holds: a
+    DTensor-like partial applying its pending mask (``masked_fill(local, buf.data)``) failed
+    with FakeTensor's "Please convert all Tensors to FakeTensors first" under
+    ``fullgraph=False``, where eager runs (an outside tester's find). While it runs, such a
+    tensor is replaced with a fake of it; the object's state is put back after."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not held:
+        return
+    stack, mode = [t], None
+    while stack and mode is None:
+        x = stack.pop()
+        if isinstance(x, FakeTensor):
+            mode = x.fake_mode
+        elif isinstance(x, torch.Tensor):
+            stack.extend(getattr(x, n, None) for n in _flatten_names(x))
+    if mode is None:
+        return
+    for o, before in held:
+        d = vars(o)
+        for name, value in before.items():
+            if type(value) in (torch.Tensor, torch.nn.Parameter):
+                d[name] = mode.from_tensor(value)
 
 
 # Note [A fake copy's inner tensors]

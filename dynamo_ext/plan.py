@@ -324,6 +324,8 @@ class Replay:
                 self._born.setdefault(id(w.obj), (w.obj, {}))[1].setdefault(w.name, w.entry)
         self._first_shapes: tuple | None = None
         self._by_shapes: dict[tuple, dict[int, Any]] = {}
+        # objects eager makes anew each call: copies of these, as they were made
+        self._templates: dict[int, Any] | None = None
 
     def _born_for(self, inputs: Sequence[Any]) -> dict[int, Any] | None:
         """Note [Objects dispatch makes, per shape]
@@ -336,18 +338,35 @@ class Replay:
         counts one more or conflicts. A graph compiled for dynamic shapes serves every
         length, so at run time each distinct set of input shapes gets its own copy of the
         object as it was made (the first set keeps the traced one), and the outputs are
-        rebound to it (``capture.rebind_held``). None: the traced objects serve."""
-        shapes = tuple(tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor))
-        if self._first_shapes is None:
-            self._first_shapes = shapes
-        if shapes == self._first_shapes:
+        rebound to it (``capture.rebind_held``).
+
+        That holds for a class eager hands out from such a cache (``capture.ONE_PER_KEY``).
+        Any other object dispatch makes (``st = Stats(); return QT(out, st)``) is made anew
+        by every eager call: each call after the first gets its own copy as it was made.
+        Sharing the traced one gave every later output the first call's statistics, or
+        raised ``stale_plan`` at run time (an outside tester's find). None: the traced
+        objects serve."""
+        if self._templates is None:  # the first call: the traced objects serve it
+            self._templates = {
+                oid: _as_made(obj, made) for oid, (obj, made) in self._born.items() if type(obj) not in capture.ONE_PER_KEY
+            }
+            self._first_shapes = tuple(tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor))
             return None
-        mapping = self._by_shapes.get(shapes)
-        if mapping is None:
-            if len(self._by_shapes) >= _MAX_SHAPES:
-                self._by_shapes.pop(next(iter(self._by_shapes)))
-            mapping = self._by_shapes[shapes] = {oid: _as_made(obj, made) for oid, (obj, made) in self._born.items()}
-        return mapping
+        mapping: dict[int, Any] = {}
+        if len(self._templates) < len(self._born):
+            shapes = tuple(tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor))
+            if shapes != self._first_shapes:
+                mapping = self._by_shapes.get(shapes)  # type: ignore[assignment]
+                if mapping is None:
+                    if len(self._by_shapes) >= _MAX_SHAPES:
+                        self._by_shapes.pop(next(iter(self._by_shapes)))
+                    mapping = self._by_shapes[shapes] = {
+                        oid: _as_made(obj, made) for oid, (obj, made) in self._born.items() if oid not in self._templates
+                    }
+                mapping = dict(mapping)
+        for oid, template in self._templates.items():
+            mapping[oid] = copy.copy(template)
+        return mapping or None
 
     def strip(self, out: Any) -> tuple[Any, Sequence[Any]]:
         """Split the compiled callable's outputs into the caller's and the extra ones."""
