@@ -3060,11 +3060,42 @@ def make_fakify_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
         watch = COMPILE_WATCH.get()
-        if watch is not None and is_traceable_wrapper_subclass(e):
-            watch.add(type(e))
-        return original(e, *args, **kwargs)
+        if watch is None or not is_traceable_wrapper_subclass(e):
+            return original(e, *args, **kwargs)
+        watch.add(type(e))
+        held = [(o, dict(vars(o))) for _, o in capture.find_state(e)]
+        made = original(e, *args, **kwargs)
+        _refuse_unflatten_writes(e, held)
+        return made
 
     return _wrap_to_fake_tensor_and_record_impl
+
+
+def _refuse_unflatten_writes(e: Any, held: list[tuple[Any, dict[str, Any]]]) -> None:
+    """Note [A state object __tensor_unflatten__ changes]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Eager never unflattens a subclass; torch does while compiling (Dynamo's fake of each input,
+    AOTAutograd's passes) and, on the AOT backends, for each output of each call. A
+    ``__tensor_unflatten__`` that changes a registered state object its ctx holds
+    (``reg.rebuilds += 1``) changed the caller's real object as often as torch rebuilt, with no
+    refusal (an outside tester's find). Dynamo's fake of the input is the first such rebuild:
+    a change there is put back and the program refused (``global_state_write``)."""
+    changed = None
+    for o, before in held:
+        now = vars(o)
+        if now.keys() != before.keys() or any(now[k] is not v for k, v in before.items()):
+            changed = changed or (o, next((k for k in set(now) | set(before) if now.get(k, MISSING) is not before.get(k, MISSING)), "?"))
+            now.clear()
+            now.update(before)
+    if changed is not None:
+        obj, name = changed
+        refuse(
+            RefusalKind.GLOBAL_STATE_WRITE, type(e).__name__, f"{type(obj).__name__}.{name}", "a registered state object",
+            context=f"{type(e).__name__}.__tensor_unflatten__ changed {type(obj).__name__}.{name}",
+            hint="Leave the state the ctx holds unchanged in __tensor_unflatten__: torch rebuilds subclasses "
+            "while compiling and for the outputs of compiled calls, where eager builds none.",
+            reader=f"{type(e).__name__}.__tensor_unflatten__",
+        )
 
 
 def _fullgraph(tx: Any) -> bool:

@@ -1,0 +1,110 @@
+"""``__tensor_unflatten__`` changing the registered state object its ctx holds. Eager never
+unflattens; torch does while compiling and, on the AOT backends, for the outputs of each
+call. Refused with the object as it was under ``fullgraph=True``, eager under
+``fullgraph=False`` (outside round 42: the caller's object counted every rebuild torch made,
+silently). An unflatten that only reads the object compiles."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._pytree import tree_map
+
+import dynamo_ext
+
+BACKENDS = ["eager", "aot_eager"]
+
+
+@dynamo_ext.register_ctx_state
+class Registry:
+    def __init__(self):
+        self.ops = 0
+        self.rebuilds = 0
+        self.scale = 2.0
+
+
+class Counted(torch.Tensor):
+    """Dispatch counts ops on the shared registry; ``REBUILD`` says what unflatten does."""
+
+    REBUILD = "count"
+
+    @staticmethod
+    def __new__(cls, elem, reg):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
+
+    def __init__(self, elem, reg):
+        self.elem, self.reg = elem, reg
+
+    def __tensor_flatten__(self):
+        return ["elem"], self.reg
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, reg, outer_size, outer_stride):
+        if cls.REBUILD == "count":
+            reg.rebuilds += 1
+        elif cls.REBUILD == "stamp":
+            reg.last_rebuilt = cls.__name__
+        return cls(inner["elem"], reg)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        w = next(a for a in args if isinstance(a, Counted))
+        w.reg.ops += 1
+        unwrap = lambda t: t.elem * t.reg.scale if isinstance(t, Counted) else t  # noqa: E731
+        out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+        return tree_map(lambda t: cls(t, w.reg) if isinstance(t, torch.Tensor) else t, out)
+
+
+class Stamped(Counted):
+    REBUILD = "stamp"
+
+
+class ReadsOnly(Counted):
+    REBUILD = "read"
+
+
+def fn(x, y):
+    return (x * y).sin()
+
+
+def _run(f, cls):
+    reg = Registry()
+    seen = []
+    for i in range(3):
+        try:
+            out = f(cls(torch.full((3,), float(i)), reg), torch.ones(3))
+        except torch._dynamo.exc.Unsupported as e:
+            seen.append(("refused", str(e).splitlines()[0], dict(vars(reg))))
+            break
+        seen.append((out.elem.tolist(), dict(vars(reg))))
+    return seen
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cls", [Counted, Stamped], ids=["counts", "stamps"])
+def test_unflatten_changing_state_is_refused(cls, backend):
+    torch._dynamo.reset()
+    compiled = _run(torch.compile(fn, backend=backend, fullgraph=True), cls)
+    assert compiled == [("refused", "dynamo_ext: global_state_write", dict(vars(Registry())))]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cls", [Counted, Stamped], ids=["counts", "stamps"])
+def test_unflatten_changing_state_runs_eagerly_with_breaks(cls, backend):
+    torch._dynamo.reset()
+    eager = _run(fn, cls)
+    compiled = _run(torch.compile(fn, backend=backend, fullgraph=False), cls)
+    assert compiled == eager
+    assert eager[-1][1]["rebuilds"] == 0 and "last_rebuilt" not in eager[-1][1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unflatten_reading_state_compiles(backend):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend(backend)
+    torch._dynamo.reset()
+    eager = _run(fn, ReadsOnly)
+    compiled = _run(torch.compile(fn, backend=counter, fullgraph=True), ReadsOnly)
+    assert compiled == eager
+    assert counter.frame_count >= 1
