@@ -3050,6 +3050,26 @@ def make_inference_mode_hook(original: Callable[..., Any]) -> Callable[..., Any]
     return maybe_disable_inference_mode
 
 
+def make_wrap_tensor_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replacement for ``VariableBuilder.wrap_tensor``: See Note [Torch functions torch runs on
+    a real input while compiling] in free_state.py."""
+
+    @functools.wraps(original)
+    def wrap_tensor(self: Any, value: Any) -> Any:
+        if type(value) is torch.Tensor or type(value) is torch.nn.Parameter or not free_state.has_own_torch_function(value):
+            return original(self, value)
+        watch = COMPILE_WATCH.get()
+        if watch is not None:
+            watch.add_instance(value)
+        before = dict(vars(value))
+        try:
+            return original(self, value)
+        finally:  # before the traced code reads the instance dict
+            free_state.put_back_instance(value, before)
+
+    return wrap_tensor
+
+
 def make_fakify_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replacement for builder's ``_wrap_to_fake_tensor_and_record_impl``: a user subclass's
     class-level state is noted before Dynamo first fakes an instance of it in this compile
@@ -3063,6 +3083,7 @@ def make_fakify_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         if watch is None or not is_traceable_wrapper_subclass(e):
             return original(e, *args, **kwargs)
         watch.add(type(e))
+        watch.add_instance(e)
         held = [(o, dict(vars(o))) for _, o in capture.find_state(e)]
         made = original(e, *args, **kwargs)
         _refuse_unflatten_writes(e, held)

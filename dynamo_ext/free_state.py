@@ -1704,6 +1704,9 @@ def _restore_class(cls: type, snapshot: _Namespace) -> list[GlobalChange]:
     return changes
 
 
+_TORCH_FUNCTIONS = (torch.Tensor.__torch_function__.__func__, torch._C._disabled_torch_function_impl)
+
+
 class CompileWatch:
     """Note [Constructors torch runs while compiling]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -1718,17 +1721,58 @@ class CompileWatch:
 
     def __init__(self) -> None:
         self.snapshots: dict[type, _Namespace] = {}
+        self.instances: dict[int, tuple[Any, dict[str, Any]]] = {}
 
     def add(self, cls: type) -> None:
         for klass in cls.__mro__:
             if klass not in self.snapshots and is_user_class(klass):
                 self.snapshots[klass] = _Namespace(_class_state(klass))
 
+    def add_instance(self, obj: Any) -> None:
+        """Note [Torch functions torch runs on a real input while compiling]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        Dynamo and AOTAutograd read the real input's properties (``shape``, ``dtype``,
+        ``requires_grad``, ...) while they compile, each through the class's
+        ``__torch_function__``: one that counts on the instance (``self.tf_calls += 1``)
+        counted dozens of reads eager never makes, and again at each recompile (an outside
+        tester's find; stock alike). A real input of a class with its own
+        ``__torch_function__`` has its instance dict taken when Dynamo first fakes it, and put
+        back when the compile ends: the writes the compiled code makes are Dynamo's, replayed
+        when it runs. Dynamo's own marks (``_dynamo_*``) are left."""
+        if id(obj) in self.instances or not has_own_torch_function(obj):
+            return
+        d = getattr(obj, "__dict__", None)
+        if isinstance(d, dict):
+            self.instances[id(obj)] = (obj, dict(d))
+
     def restore(self) -> list[GlobalChange]:
         changes = []
         for cls, snapshot in self.snapshots.items():
             changes.extend(_restore_class(cls, snapshot))
+        for obj, before in self.instances.values():
+            changes.extend(put_back_instance(obj, before))
         return changes
+
+
+def has_own_torch_function(obj: Any) -> bool:
+    tf = getattr(type(obj), "__torch_function__", None)
+    return getattr(tf, "__func__", tf) not in _TORCH_FUNCTIONS
+
+
+def put_back_instance(obj: Any, before: dict[str, Any]) -> list[GlobalChange]:
+    """Put back the instance dict taken as ``before``, but for Dynamo's own marks."""
+    d = vars(obj)
+    changes = []
+    for key in [k for k in set(d) | set(before) if not k.startswith("_dynamo")]:
+        then, now = before.get(key, _ABSENT), d.get(key, _ABSENT)
+        if then is now:
+            continue
+        changes.append(GlobalChange(type(obj).__qualname__, key, "set on a real input while compiling"))
+        if then is _ABSENT:
+            del d[key]
+        else:
+            d[key] = then
+    return changes
 
 
 def _restore_object(owner: str, obj: Any, why: str, attrs: dict[str, Any], snapshot: _Namespace) -> list[GlobalChange]:

@@ -193,6 +193,15 @@ TABLE: list[Patch] = [
         defined_here=False,  # defined in torch._dynamo.utils, called through convert_frame's binding
     ),
     Patch(
+        "torch._dynamo.variables.builder:VariableBuilder",
+        "wrap_tensor",
+        dynamo_layer.make_wrap_tensor_hook,
+        why="Dynamo reads a real input's properties while it compiles, each through the class's "
+        "__torch_function__: the instance dict of an input whose class has its own is taken before "
+        "the first read and put back when the compile ends (See Note [Torch functions torch runs on "
+        "a real input while compiling] in free_state.py).",
+    ),
+    Patch(
         "torch._dynamo.variables.builder",
         "_wrap_to_fake_tensor_and_record_impl",
         dynamo_layer.make_fakify_hook,
