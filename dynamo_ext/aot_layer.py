@@ -103,6 +103,9 @@ class Planner:
         self.writes: list[PlannedWrite] | None = None
         self.output_writes: list[PlannedWrite] | None = None
         self.n_extra = 0
+        #: positions of the graph's outputs that are tensors dispatch made and wrote (See Note
+        #: [A view dispatch writes] in plan.py)
+        self.dispatch_made: tuple[int, ...] = ()
         self.passes = 0
         self.entry_reads: dict[tuple, EntryRead] = {}
         self.backward: list[PlannedWrite] = []
@@ -980,6 +983,7 @@ class Planner:
         return WritePlan(
             writes=tuple(self.writes or ()) + tuple(self.output_writes or ()),
             n_extra=self.n_extra,
+            dispatch_made=self.dispatch_made,
             backward_writes=tuple(
                 dataclasses.replace(w, value=counters.plain(w.value)) if w.value_from is ValueFrom.CONSTANT else w
                 for w in self.backward
@@ -1969,10 +1973,31 @@ def make_prepare_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             return result
         epilogue = _caller_is("aot_module_simplified")
         planner = Planner(list(params_buffers_flat) + args, handoff.received(), epilogue)
+        planner.dispatch_made = _dispatch_made_outputs(mod)
         set_pending(planner)  # consumed by aot_stage2_compile (or a cache hit) in the same call
         return (tracing_pass(functional_call, planner, flat_outputs=True), *result[1:])
 
     return prepare_aot_module_simplified
+
+
+def _dispatch_made_outputs(mod: Any) -> tuple[int, ...]:
+    """The positions of the graph's outputs that are plain tensors dispatch made (a ``read_attr``
+    of a value that was no view while traced: dispatch runs below autograd, where no view is
+    tracked)."""
+    graph = getattr(mod, "graph", None)
+    if graph is None:
+        return ()
+    outputs = graph.find_nodes(op="output")
+    if not outputs or not isinstance(outputs[0].args[0], (tuple, list)):
+        return ()
+    made = []
+    for i, node in enumerate(outputs[0].args[0]):
+        if getattr(node, "op", None) != "call_function" or node.target is not handoff.read_attr:
+            continue
+        value = node.meta.get("example_value")
+        if isinstance(value, torch.Tensor) and not _is_subclass(value) and value._base is None:
+            made.append(i)
+    return tuple(made)
 
 
 def _returns_user_subclass(mod: Any) -> bool:

@@ -162,10 +162,15 @@ class WritePlan:
     gradient_state: tuple[tuple[int, type, tuple, tuple[tuple[str, Any, str], ...]], ...] = ()
     #: Dynamo guards the inputs' state; called directly, the entry state is checked per call.
     guarded: bool = True
+    #: the outputs that are tensors dispatch made and wrote: See Note [A view dispatch writes]
+    dispatch_made: tuple[int, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not self.writes and not self.backward_writes and not self.n_extra and not self.backward_armed
+        return (
+            not self.writes and not self.backward_writes and not self.n_extra and not self.backward_armed
+            and not self.dispatch_made
+        )
 
     @property
     def backward_armed(self) -> bool:
@@ -402,6 +407,8 @@ class Replay:
                 RefusalKind.WRITE_IN_BACKWARD, "compiled backward", "<writes of the backward>", "saved-tensor hooks",
                 context="See Note [Backward writes under saved-tensor hooks]",
             )
+        if self.plan.dispatch_made:
+            out = _as_dispatch_made(out, self.plan.dispatch_made, inputs)
         extras = out[len(out) - self._cut :] if self._cut else ()  # extra outputs follow the caller's
         for index, path, name, value_from, value in self._output_steps:
             if value_from is ValueFrom.SIBLING:  # See Note [One object in several places of the outputs]
@@ -798,6 +805,48 @@ def _rebuilt_with(grad: Any, values: dict[Any, Any], read: Callable[[Any], Any])
 
 
 _MAX_SHAPES = 1024  # sets of input shapes a graph keeps made objects for (See Note [Objects dispatch makes, per shape])
+
+
+def _as_dispatch_made(out: Any, positions: tuple[int, ...], inputs: Sequence[Any]) -> Any:
+    """Note [A view dispatch writes]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Dispatch runs below autograd, where a view it makes (``self.dv = self.elem.detach()``,
+    ``self.t_cache = self.elem.t()``) is tracked as none: no ``_base``, a version counter of its
+    own. The AOT backends return such a written value as a graph output aliasing an input,
+    which AOTAutograd regenerates as a view of it at the autograd level, sharing the input's
+    counter: the caller's in-place change through it failed a backward that saved the input,
+    and moved a counter a cache was keyed on (an outside tester's find). Such an output (one
+    with a ``_base``, or on an input's storage) is replaced with an alias made below autograd
+    as eager's is, one per tensor (a tensor written in two places stays one object); not one
+    that is an input or an inner tensor itself, or also the caller's output."""
+    fresh: dict[int, Any] = {}
+    items = list(out)
+    held: dict[int, Any] | None = None
+    for i in positions:
+        value = items[i]
+        if type(value) not in (torch.Tensor, torch.nn.Parameter):
+            continue
+        if id(value) not in fresh and value._base is None:
+            if held is None:
+                held = {}
+                stack = [t for t in inputs if isinstance(t, torch.Tensor)]
+                while stack:
+                    t = stack.pop()
+                    held[id(t)] = t
+                    stack.extend(x for x in (getattr(t, n, None) for n in capture._flatten_names(t)) if isinstance(x, torch.Tensor))
+            ptr = value.untyped_storage().data_ptr()
+            if (
+                id(value) in held or not ptr
+                or any(v is value for j, v in enumerate(items) if j not in positions)
+                or not any(type(t) in (torch.Tensor, torch.nn.Parameter) and t.untyped_storage().data_ptr() == ptr
+                           for t in held.values())
+            ):
+                continue
+        if id(value) not in fresh:
+            with torch._C._AutoDispatchBelowADInplaceOrView():
+                fresh[id(value)] = torch.ops.aten.alias.default(value)
+        items[i] = fresh[id(value)]
+    return type(out)(items) if fresh else out
 
 
 def _as_made(obj: Any, made: dict[str, Any]) -> Any:
