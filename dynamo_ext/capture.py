@@ -2190,6 +2190,17 @@ def _keep_inner_tensors(fake: Any, made: Any) -> None:
 
     if type(made) is not type(fake) or not is_traceable_wrapper_subclass(fake):
         return
+    # Note [A fake copy's state]: the class's ``detach`` may also change what the copy holds
+    # besides tensors (a DTensor-like partial reduced to a replicated one, its mask buffer
+    # dropped): the traced program then computed without the mask the real input holds, while
+    # the writes of the real reduction were replayed (silent wrong values, an outside tester's
+    # find). The copy holds the input's fake's own state.
+    mine, theirs = obj_dict(made), obj_dict(fake)
+    for name in [k for k, v in mine.items() if not isinstance(v, torch.Tensor) and k not in theirs]:
+        del mine[name]
+    for name, value in theirs.items():
+        if not isinstance(value, torch.Tensor) and mine.get(name, MISSING) is not value:
+            mine[name] = value
     try:
         names = list(fake.__tensor_flatten__()[0])
         got = list(made.__tensor_flatten__()[0])
