@@ -629,9 +629,14 @@ def _autograd_set(t: torch.Tensor) -> str | None:
     by hand])."""
     with unobserved():
         base = torch._C.TensorBase
-        # a result autograd recorded (dispatch returned it as the op's result) has a grad_fn
+        # a result autograd recorded (dispatch returned it as the op's result) has a grad_fn,
+        # or, a view of a tensor that requires grad made under no_grad, a base that requires it
+        # (``w.t()`` of a parameter in inference: refused where stock compiles, an outside
+        # tester's find)
         if base.requires_grad.__get__(t) and base.grad_fn.__get__(t) is None:  # type: ignore[attr-defined]
-            return "requires_grad"
+            viewed = base._base.__get__(t)  # type: ignore[attr-defined]
+            if viewed is None or not base.requires_grad.__get__(viewed):  # type: ignore[attr-defined]
+                return "requires_grad"
         if free_state.grad_of(t) is not None:
             return "grad"
         if base._backward_hooks.__get__(t):  # type: ignore[attr-defined]
