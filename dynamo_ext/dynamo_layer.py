@@ -3085,7 +3085,17 @@ def make_fakify_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         watch.add(type(e))
         watch.add_instance(e)
         held = [(o, dict(vars(o))) for _, o in capture.find_state(e)]
-        made = original(e, *args, **kwargs)
+        # the module globals of the classes it rebuilds (See Note [Constructors torch runs
+        # while compiling] in free_state.py): a constructor counting in a global container
+        # (``CREATED["n"] += 1``) counted the fakes too; put back after
+        module_watch = free_state.ModuleWatch()
+        for klass in type(e).__mro__:
+            if free_state.is_user_class(klass):
+                module_watch.add(klass.__module__)
+        with module_watch.watching(process=False) as changed:
+            made = original(e, *args, **kwargs)
+        for change in changed:
+            log.debug("put back %s.%s (%s) after faking an input", change.module, change.name, change.what)
         _refuse_unflatten_writes(e, held)
         return made
 

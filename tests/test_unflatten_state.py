@@ -108,3 +108,63 @@ def test_unflatten_reading_state_compiles(backend):
     compiled = _run(torch.compile(fn, backend=counter, fullgraph=True), ReadsOnly)
     assert compiled == eager
     assert counter.frame_count >= 1
+
+
+CREATED = {"n": 0}
+LIVE: list[int] = []
+
+
+class Registered(torch.Tensor):
+    """Counts its instances in a module global and keeps their ids (leak tracking): eager
+    counts the tensors dispatch makes; torch's rebuilds while compiling are not the program's
+    (outside round 43: the count moved before a refusal, and ended off under
+    ``fullgraph=False``)."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
+
+    def __init__(self, elem):
+        self.elem = elem
+        CREATED["n"] += 1
+        LIVE.append(CREATED["n"])
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        return cls(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        unwrap = lambda t: t.elem if isinstance(t, Registered) else t  # noqa: E731
+        out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+        return tree_map(lambda t: cls(t) if isinstance(t, torch.Tensor) else t, out)
+
+
+def two_ops(a, b):
+    return a * b + 1
+
+
+def _run_registered(f):
+    a, b = Registered(torch.ones(3)), Registered(torch.full((3,), 2.0))
+    CREATED["n"] = 0
+    LIVE.clear()
+    try:
+        out = f(a, b).elem.tolist()
+    except torch._dynamo.exc.Unsupported as e:
+        out = str(e).splitlines()[0]
+    return out, dict(CREATED), list(LIVE)
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_constructor_counting_in_a_module_global(backend, fullgraph):
+    torch._dynamo.reset()
+    eager = _run_registered(two_ops)
+    compiled = _run_registered(torch.compile(two_ops, backend=backend, fullgraph=fullgraph))
+    if fullgraph:
+        assert compiled == ("dynamo_ext: global_state_write", {"n": 0}, [])
+    else:
+        assert compiled == eager
