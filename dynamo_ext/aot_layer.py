@@ -1991,11 +1991,18 @@ def _dispatch_made_outputs(mod: Any) -> tuple[int, ...]:
     if not outputs or not isinstance(outputs[0].args[0], (tuple, list)):
         return ()
     made = []
+    storages: set[int] | None = None
     for i, node in enumerate(outputs[0].args[0]):
         if getattr(node, "op", None) != "call_function" or node.target is not handoff.read_attr:
             continue
         value = node.meta.get("example_value")
-        if isinstance(value, torch.Tensor) and not _is_subclass(value) and value._base is None:
+        if not isinstance(value, torch.Tensor) or _is_subclass(value) or value._base is not None:
+            continue
+        if storages is None:  # only a value on an input's storage comes back as a view of it
+            examples = [n.meta.get("example_value") for n in graph.find_nodes(op="placeholder")]
+            storages = {capture.storage_key(t) for t in _plain_leaves([e for e in examples if isinstance(e, torch.Tensor)])}
+            storages.discard(None)
+        if capture.storage_key(value) in storages:
             made.append(i)
     return tuple(made)
 

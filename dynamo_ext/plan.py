@@ -815,34 +815,26 @@ def _as_dispatch_made(out: Any, positions: tuple[int, ...], inputs: Sequence[Any
     own. The AOT backends return such a written value as a graph output aliasing an input,
     which AOTAutograd regenerates as a view of it at the autograd level, sharing the input's
     counter: the caller's in-place change through it failed a backward that saved the input,
-    and moved a counter a cache was keyed on (an outside tester's find). Such an output (one
-    with a ``_base``, or on an input's storage) is replaced with an alias made below autograd
-    as eager's is, one per tensor (a tensor written in two places stays one object); not one
-    that is an input or an inner tensor itself, or also the caller's output."""
+    and moved a counter a cache was keyed on (an outside tester's find). ``positions``: the
+    outputs that were such a value while traced (no view, on an input's storage). Each is
+    replaced with an alias made below autograd as eager's is, one per tensor (a tensor written
+    in two places stays one object); not one that is an input or an inner tensor itself, or
+    also the caller's output."""
     fresh: dict[int, Any] = {}
     items = list(out)
-    held: dict[int, Any] | None = None
+    held: set[int] = set()
+    stack = [t for t in inputs if isinstance(t, torch.Tensor)]
+    while stack:
+        t = stack.pop()
+        held.add(id(t))
+        stack.extend(x for x in (getattr(t, n, None) for n in capture._flatten_names(t)) if isinstance(x, torch.Tensor))
     for i in positions:
         value = items[i]
-        if type(value) not in (torch.Tensor, torch.nn.Parameter):
+        if type(value) not in (torch.Tensor, torch.nn.Parameter) or id(value) in held:
             continue
-        if id(value) not in fresh and value._base is None:
-            if held is None:
-                held = {}
-                stack = [t for t in inputs if isinstance(t, torch.Tensor)]
-                while stack:
-                    t = stack.pop()
-                    held[id(t)] = t
-                    stack.extend(x for x in (getattr(t, n, None) for n in capture._flatten_names(t)) if isinstance(x, torch.Tensor))
-            ptr = value.untyped_storage().data_ptr()
-            if (
-                id(value) in held or not ptr
-                or any(v is value for j, v in enumerate(items) if j not in positions)
-                or not any(type(t) in (torch.Tensor, torch.nn.Parameter) and t.untyped_storage().data_ptr() == ptr
-                           for t in held.values())
-            ):
-                continue
         if id(value) not in fresh:
+            if any(v is value for j, v in enumerate(items) if j not in positions):
+                continue
             with torch._C._AutoDispatchBelowADInplaceOrView():
                 fresh[id(value)] = torch.ops.aten.alias.default(value)
         items[i] = fresh[id(value)]
