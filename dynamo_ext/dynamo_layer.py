@@ -3085,32 +3085,40 @@ def make_fakify_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         watch.add(type(e))
         watch.add_instance(e)
         held = [(o, dict(vars(o))) for _, o in capture.find_state(e)]
-        # the module globals of the classes it rebuilds (See Note [Constructors torch runs
-        # while compiling] in free_state.py): a constructor counting in a global container
-        # (``CREATED["n"] += 1``) counted the fakes too; put back after
+        # the module globals of the classes it rebuilds: a constructor or unflatten counting in
+        # a global container (``CREATED["n"] += 1``) counted the fakes too (See Note [A state
+        # object __tensor_unflatten__ changes])
         module_watch = free_state.ModuleWatch()
         for klass in type(e).__mro__:
             if free_state.is_user_class(klass):
                 module_watch.add(klass.__module__)
         with module_watch.watching(process=False) as changed:
             made = original(e, *args, **kwargs)
-        for change in changed:
-            log.debug("put back %s.%s (%s) after faking an input", change.module, change.name, change.what)
-        _refuse_unflatten_writes(e, held)
+        _refuse_unflatten_writes(e, held, changed)
         return made
 
     return _wrap_to_fake_tensor_and_record_impl
 
 
-def _refuse_unflatten_writes(e: Any, held: list[tuple[Any, dict[str, Any]]]) -> None:
+def _refuse_unflatten_writes(e: Any, held: list[tuple[Any, dict[str, Any]]], globals_changed: list[Any]) -> None:
     """Note [A state object __tensor_unflatten__ changes]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     Eager never unflattens a subclass; torch does while compiling (Dynamo's fake of each input,
     AOTAutograd's passes) and, on the AOT backends, for each output of each call. A
-    ``__tensor_unflatten__`` that changes a registered state object its ctx holds
-    (``reg.rebuilds += 1``) changed the caller's real object as often as torch rebuilt, with no
-    refusal (an outside tester's find). Dynamo's fake of the input is the first such rebuild:
-    a change there is put back and the program refused (``global_state_write``)."""
+    ``__tensor_unflatten__`` (or the constructor it runs) that changes a registered state object
+    its ctx holds (``reg.rebuilds += 1``) changed the caller's real object as often as torch
+    rebuilt, with no refusal; one counting in a module global (``STATS["unflat"] += 1``) failed
+    inside Dynamo on aot_eager, the count moved (outside testers' finds). Dynamo's fake of the
+    input is the first such rebuild: a change there is put back (the module globals by
+    ``globals_changed``'s watch) and the program refused (``global_state_write``)."""
+    if globals_changed:
+        change = globals_changed[0]
+        _refuse_rebuild(
+            e, f"{change.module}.{change.name}", change.what,
+            f"{type(e).__name__}.__tensor_unflatten__ or its constructor changed {change.module}.{change.name}",
+            "Leave module state unchanged in __tensor_unflatten__ and __init__: torch rebuilds subclasses "
+            "while compiling and for the outputs of compiled calls, where eager builds none.",
+        )
     changed = None
     for o, before in held:
         now = vars(o)
@@ -3120,13 +3128,30 @@ def _refuse_unflatten_writes(e: Any, held: list[tuple[Any, dict[str, Any]]]) -> 
             now.update(before)
     if changed is not None:
         obj, name = changed
-        refuse(
-            RefusalKind.GLOBAL_STATE_WRITE, type(e).__name__, f"{type(obj).__name__}.{name}", "a registered state object",
-            context=f"{type(e).__name__}.__tensor_unflatten__ changed {type(obj).__name__}.{name}",
-            hint="Leave the state the ctx holds unchanged in __tensor_unflatten__: torch rebuilds subclasses "
+        _refuse_rebuild(
+            e, f"{type(obj).__name__}.{name}", "a registered state object",
+            f"{type(e).__name__}.__tensor_unflatten__ changed {type(obj).__name__}.{name}",
+            "Leave the state the ctx holds unchanged in __tensor_unflatten__: torch rebuilds subclasses "
             "while compiling and for the outputs of compiled calls, where eager builds none.",
-            reader=f"{type(e).__name__}.__tensor_unflatten__",
         )
+
+
+def _refuse_rebuild(e: Any, attr: str, value_type: str, context: str, hint: str) -> NoReturn:
+    """Refuse a rebuild's change (``global_state_write``): under ``fullgraph=False`` the whole
+    frame runs eagerly, since torch rebuilds again in every later graph of it and for their
+    outputs (a graph break there left the later graphs counting, silently)."""
+    cls = type(e).__name__
+    reader = f"{cls}.__tensor_unflatten__"
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+    except AttributeError:
+        tx = None
+    if tx is not None and not _under_fullgraph(tx):
+        error = SubclassWriteError(RefusalKind.GLOBAL_STATE_WRITE, cls, attr, value_type, context)
+        raise _RunFrameEagerly(error)
+    refuse(RefusalKind.GLOBAL_STATE_WRITE, cls, attr, value_type, context=context, hint=hint, reader=reader)
 
 
 def _fullgraph(tx: Any) -> bool:

@@ -131,10 +131,9 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         ),
         Refusal(
             RefusalKind.WRITE_IN_BACKWARD,
-            "A write made in the backward that cannot be replayed when the compiled backward runs "
-            "(a gradient's ctx value unknown at run time; a backward for part of the graph whose writes "
-            "are not known; a write on a saved output; a tensor on a gradient; checkpointing, saved-tensor "
-            "hooks, create_graph=True).",
+            "A backward write that cannot be replayed when the compiled backward runs (a gradient's ctx "
+            "value unknown at run time, a partial backward's unknown writes, a saved output, a tensor on "
+            "a gradient, checkpointing, saved-tensor hooks, create_graph=True).",
             "dynamo_ext replays a backward write when the compiled backward runs if its value is a "
             "constant or an int computed from the state the backward read, and the forward does "
             "not write the same attribute; this one is not such a write.",
@@ -178,7 +177,7 @@ REFUSALS: dict[RefusalKind, Refusal] = {
             "Tensor metadata changed in place: an inner tensor's sizes or strides (self.elem.t_()), its "
             "data on a parameter with grad on or in the backward; the class or autograd state of an input, "
             "its inner tensors or a tensor the op is handed (self.__class__ = C, requires_grad_, .grad, "
-            "register_hook), or autograd state set on a tensor dispatch makes and hands out or writes.",
+            "register_hook), or set by hand on a tensor dispatch makes.",
             "AOTAutograd cannot represent an in-place metadata change of a subclass input "
             "(stock: 'Metadata mutations are currently not allowed on tensor subclasses'), nor "
             "write back an inner tensor's in-place data change under autograd (stock returns "

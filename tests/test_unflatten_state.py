@@ -168,3 +168,46 @@ def test_a_constructor_counting_in_a_module_global(backend, fullgraph):
         assert compiled == ("dynamo_ext: global_state_write", {"n": 0}, [])
     else:
         assert compiled == eager
+
+
+UNFLATTENED = {"n": 0}
+
+
+class CountsRebuilds(Registered):
+    """Counts its rebuilds in a module global (outside round 44: failed inside Dynamo on
+    aot_eager with the count moved; a graph break there left later graphs counting)."""
+
+    def __init__(self, elem):
+        self.elem = elem
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        UNFLATTENED["n"] += 1
+        return cls(inner["elem"])
+
+
+def three_ops(x):
+    return (x * 2).relu() + 1
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_unflatten_counting_in_a_module_global(backend, fullgraph):
+    def run(f):
+        UNFLATTENED["n"] = 0
+        seen = []
+        for i in range(3):
+            try:
+                seen.append((f(CountsRebuilds(torch.tensor([1.0, -0.5, 3.0]) + i)).elem.tolist(), dict(UNFLATTENED)))
+            except torch._dynamo.exc.Unsupported as e:
+                seen.append((str(e).splitlines()[0], dict(UNFLATTENED)))
+                break
+        return seen
+
+    torch._dynamo.reset()
+    eager = run(three_ops)
+    compiled = run(torch.compile(three_ops, backend=backend, fullgraph=fullgraph))
+    if fullgraph:
+        assert compiled == [("dynamo_ext: global_state_write", {"n": 0})]
+    else:
+        assert compiled == eager
