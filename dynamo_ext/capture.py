@@ -2138,10 +2138,7 @@ def make_backward_error_hook(original: Callable[..., Any]) -> Callable[..., Any]
             made = original(cls, t)
         finally:
             for o, before in held:
-                now = vars(o)
-                if now.keys() != before.keys() or any(now[k] is not v for k, v in before.items()):
-                    now.clear()
-                    now.update(before)
+                free_state.put_back_instance(o, before, "set while a fake copy's history was made")
         _keep_inner_tensors(t, made)
         return made
 
@@ -2161,13 +2158,7 @@ def _fake_held_tensors(t: Any, held: list[tuple[Any, dict[str, Any]]]) -> None:
 
     if not held:
         return
-    stack, mode = [t], None
-    while stack and mode is None:
-        x = stack.pop()
-        if isinstance(x, FakeTensor):
-            mode = x.fake_mode
-        elif isinstance(x, torch.Tensor):
-            stack.extend(getattr(x, n, None) for n in _flatten_names(x))
+    mode = next((x.fake_mode for x in [t, *inner_plain_tensors(t)] if isinstance(x, FakeTensor)), None)
     if mode is None:
         return
     for o, before in held:

@@ -3121,11 +3121,9 @@ def _refuse_unflatten_writes(e: Any, held: list[tuple[Any, dict[str, Any]]], glo
         )
     changed = None
     for o, before in held:
-        now = vars(o)
-        if now.keys() != before.keys() or any(now[k] is not v for k, v in before.items()):
-            changed = changed or (o, next((k for k in set(now) | set(before) if now.get(k, MISSING) is not before.get(k, MISSING)), "?"))
-            now.clear()
-            now.update(before)
+        put_back = free_state.put_back_instance(o, before, "set by a rebuild while compiling")
+        if put_back and changed is None:
+            changed = (o, put_back[0].name)
     if changed is not None:
         obj, name = changed
         _refuse_rebuild(

@@ -1759,15 +1759,16 @@ def has_own_torch_function(obj: Any) -> bool:
     return getattr(tf, "__func__", tf) not in _TORCH_FUNCTIONS
 
 
-def put_back_instance(obj: Any, before: dict[str, Any]) -> list[GlobalChange]:
-    """Put back the instance dict taken as ``before``, but for Dynamo's own marks."""
+def put_back_instance(obj: Any, before: dict[str, Any], what: str = "set on a real input while compiling") -> list[GlobalChange]:
+    """Put back the instance dict taken as ``before``, but for Dynamo's own marks; what was
+    changed, each name by identity."""
     d = vars(obj)
     changes = []
     for key in [k for k in set(d) | set(before) if not k.startswith("_dynamo")]:
         then, now = before.get(key, _ABSENT), d.get(key, _ABSENT)
         if then is now:
             continue
-        changes.append(GlobalChange(type(obj).__qualname__, key, "set on a real input while compiling"))
+        changes.append(GlobalChange(type(obj).__qualname__, key, what))
         if then is _ABSENT:
             del d[key]
         else:

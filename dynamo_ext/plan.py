@@ -822,12 +822,7 @@ def _as_dispatch_made(out: Any, positions: tuple[int, ...], inputs: Sequence[Any
     also the caller's output."""
     fresh: dict[int, Any] = {}
     items = list(out)
-    held: set[int] = set()
-    stack = [t for t in inputs if isinstance(t, torch.Tensor)]
-    while stack:
-        t = stack.pop()
-        held.add(id(t))
-        stack.extend(x for x in (getattr(t, n, None) for n in capture._flatten_names(t)) if isinstance(x, torch.Tensor))
+    held = {id(t) for t in (*inputs, *capture.inner_plain_tensors(list(inputs))) if isinstance(t, torch.Tensor)}
     for i in positions:
         value = items[i]
         if type(value) not in (torch.Tensor, torch.nn.Parameter) or id(value) in held:
