@@ -2628,11 +2628,15 @@ def _refuse_a_subclass_the_program_changed_under(tx: Any, node: torch.fx.Node) -
         return
     for arg in _subclass_arg_nodes(node):
         value = arg.meta["example_value"]
-        if not free_state.class_may_write(type(value)):
+        if not any(free_state.class_may_write(type(v)) for v in _subclass_nest(value)):
             continue
         for inner in value.__tensor_flatten__()[0]:
             held = getattr(value, inner, None)
-            if isinstance(held, torch.Tensor) and capture.storage_key(held) in program_changed:
+            # a subclass nested in it (``w.inner.data_``) counts by its own inner tensors
+            keys = {capture.storage_key(t) for t in capture.inner_plain_tensors(held)} if is_traceable_wrapper_subclass(
+                held
+            ) else {capture.storage_key(held)} if isinstance(held, torch.Tensor) else set()
+            if keys & program_changed:
                 _refuse_the_frame(
                     tx, RefusalKind.UNSUPPORTED_STATE_READ, type(value), inner, "Tensor",
                     f"the compiled function changed in place a tensor that is also {arg.name}'s inner tensor "
@@ -2642,6 +2646,21 @@ def _refuse_a_subclass_the_program_changed_under(tx: Any, node: torch.fx.Node) -
                     "(fullgraph=False runs the frame eagerly).",
                     reader="the op after the compiled function changed it in place",
                 )
+
+
+def _subclass_nest(value: Any, depth: int = 0) -> list[Any]:
+    """``value`` and the subclass instances nested in its flatten list, theirs too."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    found = [value]
+    if depth > 4:
+        return found
+    with capture.unobserved():
+        held = [getattr(value, name, None) for name in value.__tensor_flatten__()[0]]
+    for h in held:
+        if is_traceable_wrapper_subclass(h):
+            found.extend(_subclass_nest(h, depth + 1))
+    return found
 
 
 def _refuse_the_frame(

@@ -171,3 +171,124 @@ def test_a_view_attribute_of_a_plain_input_the_program_changes_in_place(backend,
     eager = run(change_input_then_op)
     torch._dynamo.reset()
     assert run(torch.compile(change_input_then_op, backend=backend, fullgraph=fullgraph)) == eager
+
+
+class Packed(torch.Tensor):
+    """The inner subclass of ``Quantized``: int8 data and a scale; with ``CACHES`` its own
+    dispatch dequantizes through a cache keyed on ``data._version``, counting hits and misses."""
+
+    CACHES = False
+
+    @staticmethod
+    def __new__(cls, data, scale):
+        r = torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=torch.float32, device=data.device)
+        r.data_, r.scale = data, scale
+        return r
+
+    def __tensor_flatten__(self):
+        return ["data_", "scale"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["data_"], inner["scale"])
+
+    def dequantize(self):
+        version = self.data_._version
+        if self.__dict__.get("version") != version:
+            self.cache = self.data_.float() * self.scale
+            self.version = version
+            self.misses = self.__dict__.get("misses", 0) + 1
+        else:
+            self.hits = self.__dict__.get("hits", 0) + 1
+        return self.cache
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if not cls.CACHES:
+            raise NotImplementedError(func)
+        unpack = lambda a: a.dequantize() if isinstance(a, Packed) else a  # noqa: E731
+        return func(*[unpack(a) for a in args], **(kwargs or {}))
+
+
+class CachingPacked(Packed):
+    CACHES = True
+
+
+class Quantized(torch.Tensor):
+    """Holds a ``Packed`` (a subclass nested in a subclass). With ``CACHES`` its dispatch keeps
+    the dequantized weight keyed on the nested data's ``_version``; otherwise it hands the op to
+    the nested subclass, whose dispatch keeps it."""
+
+    CACHES = True
+
+    @staticmethod
+    def __new__(cls, inner):
+        r = torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=torch.float32, device=inner.device)
+        r.inner = inner
+        return r
+
+    def __tensor_flatten__(self):
+        return ["inner"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, size, stride):
+        return cls(inner["inner"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if not cls.CACHES:
+            return func(*[a.inner if isinstance(a, Quantized) else a for a in args], **(kwargs or {}))
+        unpack = lambda a: Packed.dequantize(a.inner) if isinstance(a, Quantized) else a  # noqa: E731
+        w = next(a for a in args if isinstance(a, Quantized))
+        out = func(*[unpack(a) for a in args], **(kwargs or {}))
+        w.ops = w.__dict__.get("ops", 0) + 1
+        return out
+
+
+class PassingOn(Quantized):
+    CACHES = False
+
+
+def bump_nested_then_ops(x, w, bump):
+    if bump:
+        w.inner.data_.add_(1)
+    return (w * x) + (w * 2)
+
+
+def _nested_state(w):
+    found = {k: v for k, v in w.__dict__.items() if not isinstance(v, torch.Tensor) or k == "inner"}
+    inner = {k: v for k, v in w.inner.__dict__.items() if not isinstance(v, torch.Tensor)}
+    return {k: v for k, v in found.items() if k != "inner"}, inner, w.inner.data_.tolist()
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("outer,inner", [(Quantized, Packed), (PassingOn, CachingPacked)], ids=["outer_caches", "nested_caches"])
+def test_the_program_changing_a_nested_inner_tensor_then_an_op_on_the_subclass(outer, inner, backend, fullgraph):
+    """An outside tester's find: the nested subclass's data changed in place by the compiled
+    function, then two ops on the outer one. On ``backend="eager"`` the compiled state counted
+    a phantom cache hit; on ``aot_eager`` the recompile was refused after the first call."""
+
+    def make():
+        return outer(inner(torch.arange(6, dtype=torch.int8).view(2, 3), torch.tensor(0.5)))
+
+    def run(f, w, calls):
+        seen = []
+        for i in range(calls):
+            out = f(torch.ones(2, 3) * (i + 1), w, i % 2 == 1)
+            seen.append((out.tolist(), _nested_state(w)))
+        return seen
+
+    w_e, w_c = make(), make()
+    expected = run(bump_nested_then_ops, w_e, 4)
+    torch._dynamo.reset()
+    compiled = torch.compile(bump_nested_then_ops, backend=backend, fullgraph=fullgraph)
+    if fullgraph:
+        assert run(compiled, w_c, 1) == expected[:1]
+        before = _nested_state(w_c)
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="dynamo_ext: unsupported_state_read"):
+            compiled(torch.ones(2, 3), w_c, True)
+        assert _nested_state(w_c) == before, "a refusal changed the input"
+        return
+    assert run(compiled, w_c, 4) == expected
+    assert not leaked_fakes(w_c) and not leaked_fakes(w_c.inner)
