@@ -136,7 +136,6 @@ def changes_in_place(t):
     return t * 2
 
 
-@pytest.mark.xfail(strict=True, reason="open: the op stays in the graph and its fake propagation reads properties through the counting __torch_function__")
 def test_an_in_place_op_left_in_the_graph_on_the_eager_backend():
     def run(f):
         t = CountsInPlace(torch.zeros(3))
@@ -146,3 +145,50 @@ def test_an_in_place_op_left_in_the_graph_on_the_eager_backend():
     torch._dynamo.reset()
     eager = run(changes_in_place)
     assert run(torch.compile(changes_in_place, backend="eager", fullgraph=True)) == eager
+
+
+def two_ops_on_the_input(t):
+    return t.sum() * t
+
+
+def three_ops_on_the_input(t):
+    y = t * 3
+    return y + t.mean() - t
+
+
+class CountsFromInit(Counting):
+    """Sets its count in ``__init__`` and counts with ``+=``: the torch copies made while
+    compiling hold a count of their own."""
+
+    def __init__(self, elem):
+        super().__init__(elem)
+        self.tf_calls = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        for a in args:
+            if isinstance(a, CountsFromInit):
+                a.tf_calls += 1
+                a.last_func = getattr(func, "__name__", str(func))
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("fn", [two_ops_on_the_input, three_ops_on_the_input], ids=["two_ops", "three_ops"])
+@pytest.mark.parametrize("cls", [Counting, CountsFromInit], ids=["get_default", "init_default"])
+def test_several_ops_on_one_counting_input_on_the_eager_backend(cls, fn, fullgraph):
+    """Torch's property reads on the traced input between two ops ran its counting
+    ``__torch_function__``, and the second op counted on from there (15 where eager has 4)."""
+
+    def run(f):
+        t = cls(torch.arange(3.0))
+        seen = []
+        for _ in range(3):
+            out = f(t)
+            seen.append(((out.elem if isinstance(out, Counting) else out).tolist(), dict((k, v) for k, v in vars(t).items() if k != "elem")))
+        return seen
+
+    torch._dynamo.reset()
+    eager = run(fn)
+    assert run(torch.compile(fn, backend="eager", fullgraph=fullgraph)) == eager
