@@ -62,6 +62,7 @@ from .values import (
     SYMBOLIC_TYPES,
     contains_symbolic,
     contains_tensor,
+    is_immutable_constant,
     is_torch_internal,
     user_state,
 )
@@ -356,14 +357,19 @@ def _put_back_torch_function_writes(t: "Tracked") -> None:
     writes on the instance (a call counter, ``self.tf_calls += 1``) counted those reads, and
     the next op's dispatch counted on from there: 15 where eager has 4 on
     ``backend="eager"`` (an outside tester's find; stock alike). Eager makes no such reads:
-    what the object held when the last block ended is put back before the next one."""
+    what the object held when the last block ended is put back before the next one. Only
+    constants (counts, names) written so: dynamo_ext's own hand-overs between blocks (a fake
+    for a real tensor a copy holds) are tensors and objects."""
     d = obj_dict(t.obj)
     left = t.left or {}
-    for name in [k for k in user_state(d) if k not in left]:
-        del d[name]
-    for name, value in left.items():
-        if d.get(name, MISSING) is not value:
-            d[name] = value
+    for name, value in list(user_state(d).items()):
+        then = left.get(name, MISSING)
+        if then is value or not is_immutable_constant(value) or not (then is MISSING or is_immutable_constant(then)):
+            continue
+        if then is MISSING:
+            del d[name]
+        else:
+            d[name] = then
 
 
 class Tracked:

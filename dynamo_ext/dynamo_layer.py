@@ -2429,6 +2429,8 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def _get_fake_value_impl(node: torch.fx.Node, tx: Any, allow_non_graph_fake: bool = False) -> Any:
         if node.op == "placeholder" or "example_value" in node.meta:
             return original(node, tx, allow_non_graph_fake)  # nothing runs
+        if _builds_a_user_subclass(node):
+            return _build_watched(node, tx, original, allow_non_graph_fake)
         _refuse_a_tensor_dispatch_changed(tx, node)
         _refuse_a_subclass_the_program_changed_under(tx, node)
         args = _subclass_arg_nodes(node)
@@ -2454,6 +2456,54 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return _get_fake_value_impl
+
+
+def _builds_a_user_subclass(node: torch.fx.Node) -> bool:
+    target = node.target
+    return (
+        node.op == "call_function" and isinstance(target, type) and issubclass(target, torch.Tensor)
+        and free_state.is_user_class(target)
+    )
+
+
+def _build_watched(node: torch.fx.Node, tx: Any, original: Callable[..., Any], allow: bool) -> Any:
+    """Note [A subclass the compiled function builds]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    The compiled function builds a subclass itself (``q = Int8W(data, scale)``): Dynamo puts
+    the class in the graph as a call, and its fake propagation runs ``__new__`` and
+    ``__init__`` on fakes. A constructor that counts in a module global or on its class
+    (``uid = _NEXT; _NEXT += 1``) counted that fake: on ``backend="eager"`` the count moved
+    twice a call (the guard on the global it reads recompiled each call), and the AOT
+    backends rebuild the output from the traced ctx without calling it (an outside tester's
+    find; stock moves it once more at compile). The propagation runs under a watch of the
+    class's modules and class attributes; what it changed is put back and the call graph-breaks
+    (``global_state_write``; ``fullgraph=True``: refused), so the constructor runs in eager, its code left uncompiled."""
+    cls = node.target
+    watch = free_state.ModuleWatch()
+    for klass in cls.__mro__:
+        if free_state.is_user_class(klass):
+            watch.add(klass.__module__)
+    watch.add_class(cls)
+    with watch.watching(process=False) as changed:
+        result = original(node, tx, allow)
+    if changed:
+        from . import _patches
+
+        for klass in cls.__mro__:  # the constructor runs whole in eager, not from a resumed half
+            for name in ("__new__", "__init__"):
+                fn = getattr(klass.__dict__.get(name), "__func__", klass.__dict__.get(name))
+                if isinstance(fn, types.FunctionType) and free_state.is_user_class(klass):
+                    _patches.CODE_MARKS.run_eagerly(fn.__code__)
+        change = changed[0]
+        _graph_break_class(
+            RefusalKind.GLOBAL_STATE_WRITE, cls, f"{change.module}.{change.name}", change.what,
+            f"{cls.__name__}'s constructor, called in the compiled function, changed {change.module}.{change.name}; "
+            "the compiled call builds it from what the trace saw",
+            hint="Build the subclass outside the compiled function, or keep the constructor from changing "
+            "module or class state (fullgraph=False runs the call eagerly).",
+            reader=f"{cls.__name__}.__init__",
+        )
+    return result
 
 
 def _refuse_a_tensor_dispatch_changed(tx: Any, node: torch.fx.Node) -> None:

@@ -211,3 +211,90 @@ def test_an_unflatten_counting_in_a_module_global(backend, fullgraph):
         assert compiled == [("dynamo_ext: global_state_write", {"n": 0})]
     else:
         assert compiled == eager
+
+
+_NEXT_UID = 0
+
+
+class Minted(torch.Tensor):
+    """An int8 weight the compiled function quantizes itself; ``__init__`` mints an id from a
+    module-global counter (outside round 44: on ``backend="eager"`` the count moved twice per
+    call, the fake the graph's constructor node made counting; ``aot_eager`` refused after it
+    moved)."""
+
+    @staticmethod
+    def __new__(cls, int_data, scale, uid=None):
+        r = torch.Tensor._make_wrapper_subclass(cls, int_data.shape, dtype=scale.dtype, device=int_data.device)
+        r.int_data, r.scale = int_data, scale
+        return r
+
+    def __init__(self, int_data, scale, uid=None):
+        global _NEXT_UID
+        if uid is None:
+            uid = _NEXT_UID
+            _NEXT_UID += 1
+        self.uid = uid
+
+    def __tensor_flatten__(self):
+        return ["int_data", "scale"], (self.uid,)
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        return cls(inner["int_data"], inner["scale"], *ctx)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default):
+            return cls(args[0].int_data, args[0].scale, args[0].uid)
+        unwrap = lambda t: t.int_data.float() * t.scale if isinstance(t, Minted) else t  # noqa: E731
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+
+
+class CountedAtClass(Minted):
+    """Counts the instances it makes at class level."""
+
+    made = 0
+
+    def __init__(self, int_data, scale, uid=None):
+        super().__init__(int_data, scale, uid if uid is not None else -1)
+        if uid is None:
+            type(self).made += 1
+
+
+def quantize_then_use(x, w, cls):
+    s = w.abs().amax(1, keepdim=True) / 127
+    q = cls(torch.round(w / s).to(torch.int8), s)
+    return torch.nn.functional.linear(x, q), q
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cls", [Minted, CountedAtClass], ids=["module_global", "class_attribute"])
+def test_a_constructor_the_compiled_function_calls_counting(cls, backend, fullgraph):
+    global _NEXT_UID
+
+    def state():
+        return _NEXT_UID, CountedAtClass.made
+
+    def run(f):
+        global _NEXT_UID
+        _NEXT_UID, CountedAtClass.made = 0, 0
+        w = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+        seen = []
+        for i in range(3):
+            x = torch.full((2, 4), float(i + 1))
+            try:
+                y, q = f(x, w, cls)
+            except torch._dynamo.exc.Unsupported as e:
+                seen.append((str(e).splitlines()[0], state()))
+                break
+            seen.append((y.tolist(), q.uid, state()))
+        return seen
+
+    torch._dynamo.reset()
+    eager = run(quantize_then_use)
+    compiled = run(torch.compile(quantize_then_use, backend=backend, fullgraph=fullgraph))
+    if fullgraph:
+        assert compiled == [("dynamo_ext: global_state_write", (0, 0))]
+    else:
+        assert compiled == eager
