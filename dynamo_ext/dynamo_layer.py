@@ -2453,9 +2453,52 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             state.track_plain_arg(arg)
         result = _propagate(state, node, tx, original, allow_non_graph_fake, tracked)
         _refuse_a_written_view_of_a_changed_tensor(tx, state)
+        _refuse_a_rebuild_changing_held_state(result)
         return result
 
     return _get_fake_value_impl
+
+
+def _refuse_a_rebuild_changing_held_state(result: Any) -> None:
+    """Note [A result whose rebuild changes the state its ctx holds]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Dispatch returns a subclass whose ctx holds a registered state object, and whose
+    ``__tensor_unflatten__`` (or the constructor it runs) changes that object (a partial's
+    ``__init__`` counting its holders on the mask buffer). The AOT backends hand back such an
+    output rebuilt through ``__tensor_unflatten__`` each call, where eager builds it once: the
+    compiled call raised ``stale_plan`` at run time, under ``fullgraph=False`` too (an outside
+    tester's find). The result is rebuilt once while traced, under a watch; a change is put
+    back and the op refused (``global_state_write``), so under ``fullgraph=False`` it runs
+    eagerly. The same rebuild of an input is refused where Dynamo fakes it (See Note [A state
+    object __tensor_unflatten__ changes])."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    for leaf in torch.utils._pytree.tree_leaves(result):
+        if not is_traceable_wrapper_subclass(leaf):
+            continue
+        with capture.unobserved():
+            names, ctx = leaf.__tensor_flatten__()
+            held = [(o, dict(vars(o))) for _, o in capture.find_state(ctx, from_value=True)]
+            if not held:
+                continue
+            inner = {n: getattr(leaf, n) for n in names}
+            try:
+                type(leaf).__tensor_unflatten__(inner, ctx, leaf.size(), leaf.stride())
+            except Exception:  # noqa: BLE001 - a rebuild torch would make fails there alike
+                pass
+        for o, before in held:
+            put_back = free_state.put_back_instance(o, before, "set by a rebuild of the result while traced")
+            if put_back:
+                _graph_break_class(
+                    RefusalKind.GLOBAL_STATE_WRITE, type(leaf), f"{type(o).__name__}.{put_back[0].name}",
+                    "a registered state object",
+                    f"{type(leaf).__name__}.__tensor_unflatten__ or its constructor changed {type(o).__name__}."
+                    f"{put_back[0].name}; the AOT backends rebuild each subclass output through it every call, "
+                    "where eager builds it once",
+                    hint="Leave the state the ctx holds unchanged in __tensor_unflatten__ and __init__ "
+                    "(fullgraph=False runs the op eagerly).",
+                    reader=f"{type(leaf).__name__}.__tensor_unflatten__",
+                )
 
 
 def _builds_a_user_subclass(node: torch.fx.Node) -> bool:

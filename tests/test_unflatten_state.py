@@ -298,3 +298,108 @@ def test_a_constructor_the_compiled_function_calls_counting(cls, backend, fullgr
         assert compiled == [("dynamo_ext: global_state_write", (0, 0))]
     else:
         assert compiled == eager
+
+
+@dynamo_ext.register_ctx_state
+class HeldMask:
+    """A mask buffer a partial result holds in its ctx, counting the partials holding it."""
+
+    def __init__(self, data=None):
+        self.data = data
+        self.holders = 0
+
+
+class Sharded(torch.Tensor):
+    """A row-sharded embedding weight (rows ``lo`` to ``hi``); the embedding returns a
+    ``Pending`` partial with the mask of the ids it does not hold."""
+
+    @staticmethod
+    def __new__(cls, elem, lo, hi):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+        r.elem, r.lo, r.hi = elem, lo, hi
+        return r
+
+    def __tensor_flatten__(self):
+        return ["elem"], (self.lo, self.hi)
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        return cls(inner["elem"], *ctx)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.embedding.default:
+            w, ids = args[0], args[1]
+            mask = (ids < w.lo) | (ids >= w.hi)
+            out = func(w.elem, (ids - w.lo).masked_fill(mask, 0)).masked_fill(mask.unsqueeze(-1), 0.0)
+            return Pending(out, HeldMask(mask))
+        return func(*tree_map(lambda t: t.elem if isinstance(t, Sharded) else t, args), **(kwargs or {}))
+
+
+class Pending(torch.Tensor):
+    """A partial whose constructor counts its holders on the mask buffer (outside round 44:
+    AOTAutograd rebuilds each output through it at run time, and the compiled call raised
+    ``stale_plan`` at run time, under ``fullgraph=False`` too)."""
+
+    @staticmethod
+    def __new__(cls, elem, mb):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+        r.elem, r.mb = elem, mb
+        return r
+
+    def __init__(self, elem, mb):
+        mb.holders += 1
+
+    def __tensor_flatten__(self):
+        return ["elem"], (self.mb,)
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        return cls(inner["elem"], *ctx)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def reduce(t):
+            if not isinstance(t, Pending):
+                return t
+            mask, t.mb.data = t.mb.data, None
+            return t.elem.masked_fill(mask.unsqueeze(-1), 0.0)
+
+        return func(*tree_map(reduce, args), **tree_map(reduce, kwargs or {}))
+
+
+def embed(ids, w):
+    return torch.nn.functional.embedding(ids, w)
+
+
+def reduce_partial(p):
+    return p.sum(-1) * 2
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_partial_whose_constructor_changes_its_mask_buffer(backend, fullgraph):
+    def run(e, r):
+        w = Sharded(torch.randn(6, 3, generator=torch.Generator().manual_seed(0)), 2, 8)
+        seen = []
+        for i in range(3):
+            try:
+                p = e(torch.arange(4) + i, w)
+                made = (p.mb.holders, p.mb.data is not None)
+                out = r(p)
+            except torch._dynamo.exc.Unsupported as err:
+                seen.append(str(err).splitlines()[0])
+                break
+            seen.append((out.tolist(), made, (p.mb.holders, p.mb.data is not None)))
+        return seen
+
+    torch._dynamo.reset()
+    eager = run(embed, reduce_partial)
+    compiled = run(
+        torch.compile(embed, backend=backend, fullgraph=fullgraph),
+        torch.compile(reduce_partial, backend=backend, fullgraph=fullgraph),
+    )
+    if fullgraph:
+        assert compiled == ["dynamo_ext: global_state_write"]
+    else:
+        assert compiled == eager
