@@ -205,6 +205,10 @@ def _now(obj: Any, r: EntryRead) -> Any:
     return obj._version if r.name == "_version" else capture.eager_lookup(obj, r.name)[0]
 
 
+def _entry_shown(value: Any) -> str:
+    return "<absent>" if value is MISSING else repr(value)
+
+
 def _holds(r: EntryRead, now: Any) -> bool:
     if r.value is MISSING or now is MISSING:
         return r.value is now
@@ -221,17 +225,18 @@ def check_entry(plan: WritePlan, inputs: Sequence[Any], reads: Sequence[EntryRea
     """Refuse a call whose inputs do not hold the attribute values the plan was traced
     from (``stale_plan``): only where no Dynamo guard covers it."""
     for r in plan.entry_reads if reads is None else reads:
-        if r.kind is not ReadKind.ATTR:
-            continue
+        # the keys of the instance dict and names read as absent too (``self.__dict__.get("n",
+        # 0)`` on the first call): skipped, every call replayed the first call's count
         obj = capture.follow(inputs[r.input_index], r.path)
         now = _now(obj, r)
         if not _holds(r, now):
+            name = r.name or "<the instance dict's keys>"
             raise SubclassWriteError(
                 RefusalKind.STALE_PLAN,
                 type(obj).__name__,
-                r.name,
+                name,
                 type(now).__name__,
-                context=f"traced with {r.name}={r.value!r}, called with {r.name}={now!r}",
+                context=f"traced with {name}={_entry_shown(r.value)}, called with {name}={_entry_shown(now)}",
             )
     if reads is None:
         failed = _failed_backward_guard(plan, inputs)
