@@ -2501,6 +2501,26 @@ def _refuse_a_rebuild_changing_held_state(result: Any) -> None:
                 )
 
 
+def _constructor_watch(cls: type) -> free_state.ModuleWatch:
+    """A watch of the state a subclass's constructor or ``__tensor_unflatten__`` may change
+    beside the instance: its classes' modules (their globals and the containers they hold),
+    the objects of user classes those globals hold (``REG.created += 1``,
+    ``REG.live.append(self)``) and its classes' own attributes."""
+    watch = free_state.ModuleWatch()
+    for klass in cls.__mro__:
+        if not free_state.is_user_class(klass):
+            continue
+        watch.add(klass.__module__)
+        module = sys.modules.get(klass.__module__)
+        for name, value in list(vars(module).items()) if module is not None else []:
+            if (free_state.is_user_class(type(value)) or free_state.is_namespace(value)) and not isinstance(
+                value, (type, torch.Tensor, torch.nn.Module)
+            ):
+                watch.add_object(f"{klass.__module__}.{name}", value)
+    watch.add_class(cls)
+    return watch
+
+
 def _builds_a_user_subclass(node: torch.fx.Node) -> bool:
     target = node.target
     return (
@@ -2522,11 +2542,7 @@ def _build_watched(node: torch.fx.Node, tx: Any, original: Callable[..., Any], a
     class's modules and class attributes; what it changed is put back and the call graph-breaks
     (``global_state_write``; ``fullgraph=True``: refused), so the constructor runs in eager, its code left uncompiled."""
     cls = node.target
-    watch = free_state.ModuleWatch()
-    for klass in cls.__mro__:
-        if free_state.is_user_class(klass):
-            watch.add(klass.__module__)
-    watch.add_class(cls)
+    watch = _constructor_watch(cls)
     with watch.watching(process=False) as changed:
         result = original(node, tx, allow)
     if changed:
@@ -3200,10 +3216,7 @@ def make_fakify_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         # the module globals of the classes it rebuilds: a constructor or unflatten counting in
         # a global container (``CREATED["n"] += 1``) counted the fakes too (See Note [A state
         # object __tensor_unflatten__ changes])
-        module_watch = free_state.ModuleWatch()
-        for klass in type(e).__mro__:
-            if free_state.is_user_class(klass):
-                module_watch.add(klass.__module__)
+        module_watch = _constructor_watch(type(e))
         with module_watch.watching(process=False) as changed:
             made = original(e, *args, **kwargs)
         _refuse_unflatten_writes(e, held, changed)
