@@ -794,7 +794,7 @@ def _held_containers(label: str, value: Any) -> list[tuple[str, Any]]:
     variable) holds, each with a name for messages: itself, the containers inside it (a dict
     in a tuple, the inner dicts of a ``defaultdict(dict)``), a weak dictionary's table, and a
     user function's default arguments and attributes (``def f(n, _cache={})``, ``f.cache =
-    {}``): where dispatch may keep what it computed while traced (an outside tester found a
+    {}``), a weak set's references: where dispatch may keep what it computed while traced (an outside tester found a
     fake tensor left in each, and on the weight at the next call). Subclasses of the plain
     containers count (``defaultdict``, ``OrderedDict``, ``Counter``)."""
 
@@ -805,8 +805,8 @@ def _held_containers(label: str, value: Any) -> list[tuple[str, Any]]:
         if type(value) in _LEAVES or id(value) in seen or depth > _MAX_DEPTH or len(out) >= _MAX_HELD or isinstance(value, torch.Tensor):
             return
         seen.add(id(value))
-        if isinstance(value, (weakref.WeakKeyDictionary, weakref.WeakValueDictionary)):
-            out.append((label, value.data))  # its values are not followed
+        if isinstance(value, (weakref.WeakKeyDictionary, weakref.WeakValueDictionary, weakref.WeakSet)):
+            out.append((label, value.data))  # its values are not followed (a WeakSet's: weak references)
             return
         table = _mapping_table(value)
         if table is not None:

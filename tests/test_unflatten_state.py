@@ -6,6 +6,9 @@ silently). An unflatten that only reads the object compiles."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from torch.utils._pytree import tree_map
@@ -285,9 +288,30 @@ class RegistersItself(Minted):
         return cls(int_data, scale)
 
 
+class _Live:
+    def __init__(self):
+        self.weights = weakref.WeakSet()
+
+
+LIVE_WEIGHTS = _Live()
+
+
+class TracksLiveWeights(Minted):
+    """Keeps the weights it builds in a weak set an object a global holds (outside round 45:
+    the compile's fake stayed in it, and nothing was refused)."""
+
+    def __init__(self, int_data, scale, uid=None):
+        super().__init__(int_data, scale, uid if uid is not None else -1)
+        LIVE_WEIGHTS.weights.add(self)
+
+    @classmethod
+    def from_float(cls, int_data, scale):
+        return cls(int_data, scale)
+
+
 def quantize_then_use(x, w, cls):
     s = w.abs().amax(1, keepdim=True) / 127
-    build = cls.from_float if cls is RegistersItself else cls
+    build = cls.from_float if cls in (RegistersItself, TracksLiveWeights) else cls
     q = build(torch.round(w / s).to(torch.int8), s)
     return torch.nn.functional.linear(x, q), q
 
@@ -295,19 +319,24 @@ def quantize_then_use(x, w, cls):
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
-    "cls", [Minted, CountedAtClass, RegistersItself], ids=["module_global", "class_attribute", "object_a_global_holds"]
+    "cls",
+    [Minted, CountedAtClass, RegistersItself, TracksLiveWeights],
+    ids=["module_global", "class_attribute", "object_a_global_holds", "weak_set_an_object_holds"],
 )
 def test_a_constructor_the_compiled_function_calls_counting(cls, backend, fullgraph):
     global _NEXT_UID
 
     def state():
         live = [(type(o.int_data).__name__, o.uid) for o in REGISTRY.live]
-        return _NEXT_UID, CountedAtClass.made, REGISTRY.created, live
+        gc.collect()  # what a weak set holds once nothing else does (a compile's frames hold some in cycles)
+        weak = sorted(type(o.int_data).__name__ for o in LIVE_WEIGHTS.weights)
+        return _NEXT_UID, CountedAtClass.made, REGISTRY.created, live, weak
 
     def run(f):
         global _NEXT_UID
         _NEXT_UID, CountedAtClass.made = 0, 0
         REGISTRY.created, REGISTRY.live = 0, []
+        LIVE_WEIGHTS.weights = weakref.WeakSet()
         w = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
         seen = []
         for i in range(3):
@@ -324,7 +353,7 @@ def test_a_constructor_the_compiled_function_calls_counting(cls, backend, fullgr
     eager = run(quantize_then_use)
     compiled = run(torch.compile(quantize_then_use, backend=backend, fullgraph=fullgraph))
     if fullgraph:
-        assert compiled == [("dynamo_ext: global_state_write", (0, 0, 0, []))]
+        assert compiled == [("dynamo_ext: global_state_write", (0, 0, 0, [], []))]
     else:
         assert compiled == eager
 
