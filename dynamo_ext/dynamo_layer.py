@@ -2462,9 +2462,10 @@ def make_fake_value_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 def _refuse_a_rebuild_changing_held_state(result: Any) -> None:
     """Note [A result whose rebuild changes the state its ctx holds]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    Dispatch returns a subclass whose ctx holds a registered state object, and whose
-    ``__tensor_unflatten__`` (or the constructor it runs) changes that object (a partial's
-    ``__init__`` counting its holders on the mask buffer). The AOT backends hand back such an
+    Dispatch returns a subclass whose ctx holds a registered state object or another object
+    of the user's, and whose ``__tensor_unflatten__`` (or the constructor it runs) changes that
+    object or a module global (a partial's ``__init__`` counting its holders on the mask
+    buffer, a tracker counting rebuilds). The AOT backends hand back such an
     output rebuilt through ``__tensor_unflatten__`` each call, where eager builds it once: the
     compiled call raised ``stale_plan`` at run time, under ``fullgraph=False`` too (an outside
     tester's find). The result is rebuilt once while traced, under a watch; a change is put
@@ -2476,29 +2477,33 @@ def _refuse_a_rebuild_changing_held_state(result: Any) -> None:
     for leaf in torch.utils._pytree.tree_leaves(result):
         if not is_traceable_wrapper_subclass(leaf):
             continue
+        objects = _ctx_objects(leaf)
+        if not objects:
+            continue
+        held = [(o, dict(vars(o))) for o in objects]
         with capture.unobserved():
             names, ctx = leaf.__tensor_flatten__()
-            held = [(o, dict(vars(o))) for _, o in capture.find_state(ctx, from_value=True)]
-            if not held:
-                continue
             inner = {n: getattr(leaf, n) for n in names}
+        with _constructor_watch(type(leaf)).watching(process=False) as changed, capture.unobserved():
             try:
                 type(leaf).__tensor_unflatten__(inner, ctx, leaf.size(), leaf.stride())
-            except Exception:  # noqa: BLE001 - a rebuild torch would make fails there alike
+            except Exception:  # noqa: BLE001 - only what it changes matters here
                 pass
+        what = [f"{c.module}.{c.name}" for c in changed]
         for o, before in held:
-            put_back = free_state.put_back_instance(o, before, "set by a rebuild of the result while traced")
-            if put_back:
-                _graph_break_class(
-                    RefusalKind.GLOBAL_STATE_WRITE, type(leaf), f"{type(o).__name__}.{put_back[0].name}",
-                    "a registered state object",
-                    f"{type(leaf).__name__}.__tensor_unflatten__ or its constructor changed {type(o).__name__}."
-                    f"{put_back[0].name}; the AOT backends rebuild each subclass output through it every call, "
-                    "where eager builds it once",
-                    hint="Leave the state the ctx holds unchanged in __tensor_unflatten__ and __init__ "
-                    "(fullgraph=False runs the op eagerly).",
-                    reader=f"{type(leaf).__name__}.__tensor_unflatten__",
-                )
+            what.extend(
+                f"{type(o).__name__}.{c.name}"
+                for c in free_state.put_back_instance(o, before, "set by a rebuild of the result while traced")
+            )
+        if what:
+            _graph_break_class(
+                RefusalKind.GLOBAL_STATE_WRITE, type(leaf), what[0], "an object its ctx holds",
+                f"{type(leaf).__name__}.__tensor_unflatten__ or its constructor changed {what[0]}; the AOT "
+                "backends rebuild each subclass output through it every call, where eager builds it once",
+                hint="Leave the state the ctx holds unchanged in __tensor_unflatten__ and __init__ "
+                "(fullgraph=False runs the op eagerly).",
+                reader=f"{type(leaf).__name__}.__tensor_unflatten__",
+            )
 
 
 def _constructor_watch(cls: type) -> free_state.ModuleWatch:
@@ -3212,7 +3217,7 @@ def make_fakify_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(e, *args, **kwargs)
         watch.add(type(e))
         watch.add_instance(e)
-        held = [(o, dict(vars(o))) for _, o in capture.find_state(e)]
+        held = [(o, dict(vars(o))) for o in _ctx_objects(e)]
         # the module globals of the classes it rebuilds: a constructor or unflatten counting in
         # a global container (``CREATED["n"] += 1``) counted the fakes too (See Note [A state
         # object __tensor_unflatten__ changes])
@@ -3223,6 +3228,40 @@ def make_fakify_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         return made
 
     return _wrap_to_fake_tensor_and_record_impl
+
+
+def _ctx_objects(e: Any) -> list[Any]:
+    """The objects with state a subclass instance's rebuild may change: the registered state
+    objects it reaches, and the user objects its flatten ctx holds, a nested subclass's too
+    (a plain tracker an unflatten counts on, ``ctx[0].unflattens += 1``)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    found = {id(o): o for _, o in capture.find_state(e)}
+
+    def walk(value: Any, depth: int) -> None:
+        if depth > 4 or id(value) in found or isinstance(value, (type, types.ModuleType, torch.Tensor)) or callable(value):
+            return
+        if isinstance(value, (tuple, list)):
+            for v in value[:64]:
+                walk(v, depth + 1)
+        elif isinstance(value, dict):
+            for v in list(value.values())[:64]:
+                walk(v, depth + 1)
+        elif (free_state.is_user_class(type(value)) or free_state.is_namespace(value)) and isinstance(
+            getattr(value, "__dict__", None), dict
+        ):
+            found[id(value)] = value
+            for v in list(vars(value).values())[:64]:
+                walk(v, depth + 1)
+
+    with capture.unobserved():
+        stack = [e]
+        while stack:
+            t = stack.pop()
+            names, ctx = t.__tensor_flatten__()
+            walk(ctx, 0)
+            stack.extend(v for v in (getattr(t, n, None) for n in names) if is_traceable_wrapper_subclass(v))
+    return list(found.values())
 
 
 def _refuse_unflatten_writes(e: Any, held: list[tuple[Any, dict[str, Any]]], globals_changed: list[Any]) -> None:
@@ -3252,7 +3291,7 @@ def _refuse_unflatten_writes(e: Any, held: list[tuple[Any, dict[str, Any]]], glo
     if changed is not None:
         obj, name = changed
         _refuse_rebuild(
-            e, f"{type(obj).__name__}.{name}", "a registered state object",
+            e, f"{type(obj).__name__}.{name}", "an object its ctx holds",
             f"{type(e).__name__}.__tensor_unflatten__ changed {type(obj).__name__}.{name}",
             "Leave the state the ctx holds unchanged in __tensor_unflatten__: torch rebuilds subclasses "
             "while compiling and for the outputs of compiled calls, where eager builds none.",

@@ -461,3 +461,86 @@ def test_a_partial_whose_constructor_changes_its_mask_buffer(backend, fullgraph)
         assert compiled == ["dynamo_ext: global_state_write"]
     else:
         assert compiled == eager
+
+
+class Tracker:
+    """A plain object (not registered) a subclass's ctx holds, counting builds and rebuilds."""
+
+    def __init__(self):
+        self.inits = 0
+        self.unflattens = 0
+
+
+class TracksBuilds(torch.Tensor):
+    """``__init__`` and ``__tensor_unflatten__`` count on the tracker its ctx holds (outside
+    round 45: refused only after Dynamo's rebuild of the input counted, and under
+    ``fullgraph=False`` the counts ended over eager's)."""
+
+    @staticmethod
+    def __new__(cls, elem, tracker):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
+        r.elem, r.tracker = elem, tracker
+        return r
+
+    def __init__(self, elem, tracker):
+        tracker.inits = tracker.inits + 1
+
+    def __tensor_flatten__(self):
+        return ["elem"], (self.tracker,)
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        ctx[0].unflattens = ctx[0].unflattens + 1
+        return cls(inner["elem"], ctx[0])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        tracker = next(a for a in args if isinstance(a, (TracksBuilds, HandsOutTracked))).tracker
+        unwrap = lambda t: t.elem if isinstance(t, (TracksBuilds, HandsOutTracked)) else t  # noqa: E731
+        out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+        return TracksBuilds(out, tracker) if isinstance(out, torch.Tensor) else out
+
+
+class HandsOutTracked(TracksBuilds):
+    """Rebuilt without counting; its ops return ``TracksBuilds`` results, whose rebuild counts
+    (the AOT backends rebuild each output through ``__tensor_unflatten__`` every call)."""
+
+    def __init__(self, elem, tracker):
+        pass
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        return cls(inner["elem"], ctx[0])
+
+
+def scale(a, x):
+    return a * x
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cls", [TracksBuilds, HandsOutTracked], ids=["input_rebuilt", "result_rebuilt"])
+def test_a_rebuild_counting_on_an_unregistered_ctx_object(cls, backend, fullgraph):
+    def run(f):
+        tracker = Tracker()
+        a = cls(torch.arange(4.0), tracker)
+        seen = []
+        for i in range(3):
+            try:
+                out = f(a, torch.full((4,), float(i)))
+            except torch._dynamo.exc.Unsupported as e:
+                seen.append((str(e).splitlines()[0], dict(vars(tracker))))
+                break
+            seen.append((out.elem.tolist(), dict(vars(tracker))))
+        return seen
+
+    torch._dynamo.reset()
+    eager = run(scale)
+    compiled = run(torch.compile(scale, backend=backend, fullgraph=fullgraph))
+    if fullgraph:
+        before = {"inits": 1 if cls is TracksBuilds else 0, "unflattens": 0}
+        # dispatch reading the unregistered tracker off an input is refused first
+        kind = "global_state_write" if cls is TracksBuilds else "unsupported_state_read"
+        assert compiled == [(f"dynamo_ext: {kind}", before)]
+    else:
+        assert compiled == eager
