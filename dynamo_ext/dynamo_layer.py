@@ -2517,7 +2517,7 @@ def _constructor_watch(cls: type) -> free_state.ModuleWatch:
             continue
         watch.add(klass.__module__)
         module = sys.modules.get(klass.__module__)
-        for name, value in list(vars(module).items()) if module is not None else []:
+        for name, value in free_state.namespace_items(vars(module)) if module is not None else []:
             if (free_state.is_user_class(type(value)) or free_state.is_namespace(value)) and not isinstance(
                 value, (type, torch.Tensor, torch.nn.Module)
             ):

@@ -948,7 +948,21 @@ class _Namespace:
 def _own(ns: dict[str, Any]) -> dict[str, Any]:
     """A namespace's bindings without dunder names (``__builtins__``, what Dynamo installs in
     a module it compiles a frame of: ``__compiled_fn_1``, ``__import_torch``)."""
-    return {k: v for k, v in ns.items() if k[:2] != "__"}
+    return {k: v for k, v in namespace_items(ns) if k[:2] != "__"}
+
+
+def namespace_items(ns: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A module namespace's items, taken whole. Walking it can set off the cycle collector,
+    whose callbacks may drop a name from a namespace (Dynamo removes what it installed for a
+    compiled frame that is gone): "dictionary changed size during iteration" inside a compile
+    (a fuzz find on torch 2.13). ``dict.copy`` takes it without running Python; a change met
+    anyway is taken again."""
+    for _ in range(8):
+        try:
+            return list(ns.copy().items())
+        except RuntimeError:
+            continue
+    return list(ns.copy().items())
 
 
 def _namespace(cache: Any, key: Any, bindings: dict[str, Any]) -> _Namespace:
