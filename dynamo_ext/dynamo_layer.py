@@ -2553,10 +2553,11 @@ def _build_watched(node: torch.fx.Node, tx: Any, original: Callable[..., Any], a
     if changed:
         from . import _patches
 
-        for klass in cls.__mro__:  # the constructor runs whole in eager, not from a resumed half
-            for name in ("__new__", "__init__"):
-                fn = getattr(klass.__dict__.get(name), "__func__", klass.__dict__.get(name))
-                if isinstance(fn, types.FunctionType) and free_state.is_user_class(klass):
+        for klass in (k for k in cls.__mro__ if free_state.is_user_class(k)):
+            for name in ("__new__", "__init__"):  # run whole in eager, not from a resumed half
+                fn = klass.__dict__.get(name)
+                fn = getattr(fn, "__func__", fn)  # ``__new__`` is a staticmethod
+                if isinstance(fn, types.FunctionType):
                     _patches.CODE_MARKS.run_eagerly(fn.__code__)
         change = changed[0]
         _graph_break_class(
@@ -2746,10 +2747,13 @@ def _refuse_a_subclass_the_program_changed_under(tx: Any, node: torch.fx.Node) -
             continue
         for inner in value.__tensor_flatten__()[0]:
             held = getattr(value, inner, None)
-            # a subclass nested in it (``w.inner.data_``) counts by its own inner tensors
-            keys = {capture.storage_key(t) for t in capture.inner_plain_tensors(held)} if is_traceable_wrapper_subclass(
-                held
-            ) else {capture.storage_key(held)} if isinstance(held, torch.Tensor) else set()
+            if is_traceable_wrapper_subclass(held):
+                # a subclass nested in it (``w.inner.data_``) counts by its own inner tensors
+                keys = {capture.storage_key(t) for t in capture.inner_plain_tensors(held)}
+            elif isinstance(held, torch.Tensor):
+                keys = {capture.storage_key(held)}
+            else:
+                continue
             if keys & program_changed:
                 _refuse_the_frame(
                     tx, RefusalKind.UNSUPPORTED_STATE_READ, type(value), inner, "Tensor",
@@ -3234,8 +3238,6 @@ def _ctx_objects(e: Any) -> list[Any]:
     """The objects with state a subclass instance's rebuild may change: the registered state
     objects it reaches, and the user objects its flatten ctx holds, a nested subclass's too
     (a plain tracker an unflatten counts on, ``ctx[0].unflattens += 1``)."""
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
     found = {id(o): o for _, o in capture.find_state(e)}
 
     def walk(value: Any, depth: int) -> None:
@@ -3254,13 +3256,9 @@ def _ctx_objects(e: Any) -> list[Any]:
             for v in list(vars(value).values())[:64]:
                 walk(v, depth + 1)
 
-    with capture.unobserved():
-        stack = [e]
-        while stack:
-            t = stack.pop()
-            names, ctx = t.__tensor_flatten__()
-            walk(ctx, 0)
-            stack.extend(v for v in (getattr(t, n, None) for n in names) if is_traceable_wrapper_subclass(v))
+    for t in _subclass_nest(e):
+        with capture.unobserved():
+            walk(t.__tensor_flatten__()[1], 0)
     return list(found.values())
 
 
