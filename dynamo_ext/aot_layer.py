@@ -99,6 +99,7 @@ class Planner:
         self.real_inputs = list(real_inputs)
         self.record = record
         self.epilogue = epilogue  # False: the entry point has no run-time epilogue (export)
+        self.caller_anomaly = _anomaly_mode()  # See Note [Anomaly mode while AOTAutograd traces]
         self._shared_in_backward: Any = None  # See Note [A shared object written in the backward]
         self.writes: list[PlannedWrite] | None = None
         self.output_writes: list[PlannedWrite] | None = None
@@ -168,6 +169,15 @@ class Planner:
         self.cache_save: Any = None  # the save waiting for this compile's plan
         # id -> shared object an earlier pass made (See Note [A shared object an earlier pass made])
         self.made_by_passes: dict[int, Any] = {}
+
+    def reads_anomaly_mode(self, scope: Scope) -> bool:
+        """Dispatch code may read anomaly mode (See Note [Anomaly mode while AOTAutograd traces])."""
+        if self.record is not None and config.dynamo_layer:
+            return self.record.reads_anomaly_mode
+        return any(
+            free_state._class_code_any(cls, lambda code: bool(free_state.read_names(code) & free_state.ANOMALY_GETTERS))
+            for cls in {type(t.obj) for t in scope.tracked.values() if not t.plain_inner}
+        )
 
     def real_of(self, index: int) -> Any:
         return self.real_inputs[index] if 0 <= index < len(self.real_inputs) else None
@@ -1730,6 +1740,9 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                     )
                 ):
                     scope.track(a, real, _Where(i, ()), plain_inner=True)
+        anomaly: set[tuple[bool, bool]] = set()  # See Note [Anomaly mode while AOTAutograd traces]
+        if planner is not None and planner.reads_anomaly_mode(scope):
+            scope.on_access = lambda frame, cls: anomaly.add(_anomaly_mode())
         watch = _watch_classes(t.obj for t in scope.tracked.values())
         net: list[Write] = []
         read: dict[tuple[int, str], Any] = {}
@@ -1745,6 +1758,7 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
                         _refuse_what_left_dispatch(exc, scope)
                         raise
                 if planner is not None:
+                    _refuse_anomaly_mode_read(planner, scope, anomaly)
                     planner.made_by_dispatch = _made_by_dispatch(out)
                 scope.refuse_changed_class(before)
                 if scope.tracked:
@@ -1795,6 +1809,36 @@ def tracing_pass(fn: Callable[..., Any], planner: Planner | None, flat_outputs: 
         return out, tuple(extras)
 
     return traced_call
+
+
+# Note [Anomaly mode while AOTAutograd traces]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# AOTAutograd traces the graph Dynamo hands it, and any joint forward+backward, under
+# ``torch.autograd.detect_anomaly(check_nan=False)``: dispatch asking
+# ``torch.is_anomaly_enabled()`` is answered True there where the caller's mode is off. A debug
+# wrapper counting, or sanitising NaNs, only in anomaly mode had its count replayed as traced on
+# the AOT backends where eager counts nothing (an outside tester's find; a stored answer was
+# refused as the passes disagreeing with Dynamo's). Where dispatch code names a getter of anomaly
+# mode (Dynamo's record; for AOTAutograd called directly, the code of the classes traced), the mode
+# is taken at every attribute access of a traced object in the pass: one other than the
+# caller's is refused (``unsupported_state_read``; ``fullgraph=False`` runs the frame eagerly).
+# Dynamo's own pass runs under the caller's mode and is guarded on it (See Note [torch's global
+# flags dispatch reads] in dynamo_layer.py).
+
+def _anomaly_mode() -> tuple[bool, bool]:
+    return (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
+
+
+def _refuse_anomaly_mode_read(planner: Planner, scope: Scope, seen: set[tuple[bool, bool]]) -> None:
+    other = seen - {planner.caller_anomaly}
+    if other:
+        raise SubclassWriteError(
+            RefusalKind.UNSUPPORTED_STATE_READ, next((t.cls_name for t in scope.tracked.values()), "traced function"),
+            "is_anomaly_enabled()", "bool",
+            context=f"dispatch code reads torch's anomaly mode, which AOTAutograd's tracing sets to "
+            f"{sorted(other)[0]} (enabled, check_nan) where the caller's is {planner.caller_anomaly}; decide "
+            "outside dispatch and carry the answer in an attribute, or use backend='eager'",
+        )
 
 
 def _refuse_caught(scope: Scope) -> None:

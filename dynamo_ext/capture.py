@@ -615,6 +615,11 @@ class SlotState(FlattenMismatch):
 # trace took the input (``Tracked.entry_inner_autograd``).
 
 #: names whose assignment goes to the tensor itself, not its instance dict
+#: what a tensor holds for autograd that its trace stand-in does not (a gradient, a view's
+#: base, hooks) and no Dynamo guard covers: a read from dispatch is answered from the real
+#: tensor, guarded, or refused (See Note [Autograd state dispatch reads] in dynamo_layer.py)
+AUTOGRAD_STATE_READS = frozenset({"grad", "_base", "_is_view", "_backward_hooks", "_post_accumulate_grad_hooks", "retains_grad"})
+
 _TENSOR_STATE_NAMES = frozenset({"requires_grad", "grad", "data"})
 #: methods that change a tensor's autograd state
 _TENSOR_STATE_METHODS = frozenset(
@@ -1044,8 +1049,11 @@ class Scope:
                 t.settled.add(name)
                 t.on_read(t, name)
             return get(t.obj, name)
-        if name == "grad" and self.label == "dynamo" and not t.plain_inner and isinstance(t.obj, torch.Tensor) and _called_from_user(3):
-            # See Note [A gradient dispatch reads] (dynamo_layer.py)
+        if (
+            name in AUTOGRAD_STATE_READS and self.label == "dynamo" and isinstance(t.obj, torch.Tensor)
+            and isinstance(t.real, torch.Tensor) and _called_from_user(3)
+        ):
+            # See Note [Autograd state dispatch reads] (dynamo_layer.py)
             return self.answer(self, t, name)
         if name == "_version" and isinstance(t.obj, torch.Tensor):
             # what the version hooks answer when user code reads it (See _make_version_hooks);
@@ -2130,7 +2138,32 @@ def _make_version_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]
             return own_getattr(obj, name)
         return _missing(obj, name)
 
-    return {"_version": property(get_version), "__getattr__": __getattr__}
+    hooks = {"_version": property(get_version), "__getattr__": __getattr__}
+    for name in AUTOGRAD_STATE_READS:
+        hooks[name] = _autograd_state_hook(cls, name)
+    return hooks
+
+
+def _autograd_state_hook(cls: type, name: str) -> property:
+    """``inner.grad``, ``inner._base``, its hooks in traced user code: the trace tensor holds
+    none of the real inner tensor's (See Note [Autograd state dispatch reads] in
+    dynamo_layer.py). Read by user code on a tensor standing for a real one, the layer
+    answers it; torch's own reads and writes go to the descriptor."""
+    descriptor = class_attribute(cls, name)
+
+    def get(obj: Any) -> Any:
+        scope, t = _tracked_here(obj)
+        if t is not None and t.real is not None and scope.answer is not None and scope.label == "dynamo" and _called_from_user(2):
+            return scope.answer(scope, t, name)
+        return descriptor.__get__(obj, type(obj))
+
+    def set_(obj: Any, value: Any) -> None:
+        descriptor.__set__(obj, value)
+
+    def delete(obj: Any) -> None:
+        descriptor.__delete__(obj)
+
+    return property(get, set_ if hasattr(descriptor, "__set__") else None, delete if hasattr(descriptor, "__delete__") else None)
 
 
 _VERSION = torch._C.TensorBase.__dict__["_version"]

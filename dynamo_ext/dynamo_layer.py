@@ -38,6 +38,7 @@ import logging
 import math
 import operator
 import os
+import re
 import sys
 import threading
 import types
@@ -110,7 +111,7 @@ class FrameState:
         self.watch = free_state.ModuleWatch()  # module globals dispatch must leave alone
         self.watch.stored_names = self.collector.stored  # the names dispatch code sets, as found
         self._inference_guarded = False  # See Note [Inference mode while traced]
-        self._torch_flags_guarded = False  # See Note [torch's global flags dispatch reads]
+        self._torch_flags_guarded: set[str] = set()  # See Note [torch's global flags dispatch reads]
         self.tensor_reads: dict[str, None] = {}  # real tensors dispatch code reaches outside the tensors
         # those tensors by identity (See Note [A tensor dispatch reaches that the graph takes in])
         self.reached_tensors: dict[int, tuple[str, torch.Tensor]] = {}
@@ -476,14 +477,8 @@ class FrameState:
             if ref is not None and ref.source is not None:
                 guards.version(ref.source, version)
             return version + capture.version_delta(t)
-        if name == "grad":
-            # Note [A gradient dispatch reads]: the traced tensor has no gradient, the real
-            # one may (``self.had_grad = self.grad is not None`` was replayed as traced, unguarded:
-            # an outside tester's find). None is guarded; a gradient tensor is refused.
-            if real.grad is not None or ref is None or ref.source is None:
-                _refuse_read(t, "grad", real.grad, "dispatch reads the gradient of a traced tensor")
-            guards.lambda_(ref.source, lambda obj: obj.grad is None, ".grad is None")
-            return None
+        if name in capture.AUTOGRAD_STATE_READS:
+            return self._answer_autograd_state(t, ref, real, name)
         held = t.traced_counterpart(name)
         if held is not MISSING:
             t.settled.add(name)
@@ -550,6 +545,42 @@ class FrameState:
             return value if answer is value else answer
         t.set_answer(name, answer)
         return answer
+
+    def _answer_autograd_state(self, t: Tracked, ref: Ref | None, real: Any, name: str) -> Any:
+        """Note [Autograd state dispatch reads]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        A tensor's gradient, a view's base, its hooks and whether it retains its gradient are
+        not the trace stand-in's to know, and no Dynamo guard covers them: dispatch recording
+        ``self.had_grad = self.grad is not None`` (or ``self.elem._base is not None``,
+        ``bool(self.elem._backward_hooks)``) was replayed as traced after the user set a
+        gradient, made the inner tensor a view of a flat buffer or registered a hook, on the
+        input or an inner tensor (outside testers' finds). Read by dispatch, each is answered
+        from the real tensor: the absence of a gradient, base, hooks or a retained gradient is
+        guarded; a gradient tensor, a base, a hook or a retained gradient is state the trace
+        cannot hold (AOTAutograd's passes read the stand-in's), and is refused
+        (``unsupported_state_read``; ``fullgraph=False`` runs the op eagerly)."""
+        if ref is None or ref.source is None:
+            _refuse_read(t, name, real, "dispatch reads the autograd state of a tensor no graph input reaches")
+        if name == "retains_grad":
+            # the stand-in retains none, in AOTAutograd's passes too: False guarded, True refused
+            if real.retains_grad:
+                _refuse_read(t, name, True, "dispatch reads .retains_grad of a traced tensor that retains its gradient")
+            guards.lambda_(ref.source, lambda obj: not obj.retains_grad, ".retains_grad is False")
+            return False
+        attr = "_base" if name == "_is_view" else name
+        # a gradient read without torch's warning for a tensor that is no leaf (checked at
+        # every call)
+        read = free_state.grad_of if attr == "grad" else operator.attrgetter(attr)
+        held = read(real)
+        if held is not None:
+            _refuse_read(
+                t, name, held, f"dispatch reads .{attr} of a traced tensor, which holds state the trace cannot "
+                "(its stand-in holds none)",
+            )
+        guards.lambda_(ref.source, lambda obj: read(obj) is None, f".{attr} is None")
+        if name == "_is_view":
+            return lambda: False
+        return None
 
     def _follow_held_code(self, source: Any, value: Any, t: Tracked, name: str) -> None:
         """Note [Code an attribute holds]
@@ -945,6 +976,8 @@ class FrameState:
                 self._through_subclass -= 1
         if depth > 3:
             return False
+        if _owned_by_torch(value):  # ``from torch import is_warn_always_enabled``, ``PRINT_OPTS``
+            self._guard_torch_flags({getattr(value, "__name__", ""), type(value).__name__})
         clock = _answers_anew(value, uses.names(self.collector.names))
         if clock:
             _refuse(
@@ -963,7 +996,7 @@ class FrameState:
         if isinstance(value, types.ModuleType):
             self.watch.add_module_object(value)  # its attributes are globals too
             if value.__name__.split(".")[0] == "torch" or not isinstance(vars(value), dict):
-                self._guard_torch_flags(value)
+                self._guard_torch_flags()
                 return False  # torch's own modules are torch's state
             if value is os and names & {"getenv", "getenvb"}:
                 names = names | {"environ"}  # ``os.getenv("X")`` reads os.environ
@@ -1126,24 +1159,32 @@ class FrameState:
         self.watch.add_foreign(f"{owner}.{name}", value)
         return False
 
-    def _guard_torch_flags(self, module: Any) -> None:
+    def _guard_torch_flags(self, held: set[str] | frozenset[str] = frozenset()) -> None:
         """Note [torch's global flags dispatch reads]
         ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-        Dispatch code reaching torch may read its global numerics flags
+        Dispatch code reaching torch may read its process-wide settings
         (``torch.get_float32_matmul_precision()``, ``torch.backends.mkldnn.enabled``,
-        ``torch.backends.cudnn.allow_tf32``), which Dynamo's own global-state guard does not
-        all cover: a change between calls was replayed stale (an outside tester's find). Where
-        the code names one, the frame is guarded on all of them (``_torch_flags``)."""
-        if self._torch_flags_guarded or not (module is torch or module.__name__.startswith("torch.backends")):
-            return
-        if not (self.collector.names & _TORCH_FLAG_NAMES):
+        ``torch.is_anomaly_enabled()``, ``torch.is_warn_always_enabled()``, the print options),
+        which Dynamo's own global-state guard does not all cover: a change between calls was
+        replayed stale (outside testers' finds). Every torch setting the watch takes when
+        dispatch sets one (free_state's table) that the code names (by its getter, its name or
+        an alias: ``PRINT_OPTS``), or that a global or closure variable holds (``READ =
+        torch.is_anomaly_enabled``: ``held``, its names), guards the frame on its value."""
+        names = self.collector.names | held
+        named = [(label, get) for label, get, keys in _torch_flag_table() if keys & names]
+        if names & free_state.ANOMALY_GETTERS:  # See Note [Anomaly mode while AOTAutograd traces] (aot_layer.py)
+            self.record.reads_anomaly_mode = True
+        named = [(label, get) for label, get in named if label not in self._torch_flags_guarded]
+        if not named:
             return
         from torch._dynamo.source import GlobalSource
 
-        self._torch_flags_guarded = True
-        seen = _torch_flags()
+        self._torch_flags_guarded.update(label for label, _ in named)
+        gets = tuple(get for _, get in named)
+        seen = tuple(map(free_state._read, gets))
         holder = self.tx.output.install_global_by_id("__dynamo_ext_torch", torch)
-        guards.lambda_(GlobalSource(holder), lambda _: _torch_flags() == seen, f" flags {seen!r}")
+        shown = ", ".join(f"{label}={value!r}" for (label, _), value in zip(named, seen))
+        guards.lambda_(GlobalSource(holder), lambda _: tuple(map(free_state._read, gets)) == seen, f" flags {shown}")
 
     def _guard_defaults(self, source: Any, fn: Any, owner: str, name: str, depth: int) -> bool:
         """A user function's default arguments that are not constants (``def scaled(t,
@@ -1759,29 +1800,53 @@ class _Refused(BaseException):
         self.args_ = (kind, t, attr, value_type, context, hint)
 
 
-# names through which code reads torch's global numerics flags (See _guard_torch_flags)
-_TORCH_FLAG_NAMES = frozenset({
-    "get_float32_matmul_precision", "backends", "mkldnn", "cudnn", "allow_tf32", "allow_bf16_reduced_precision_reduction",
-    "allow_fp16_reduced_precision_reduction", "are_deterministic_algorithms_enabled", "get_default_dtype",
-    "is_deterministic_algorithms_warn_only_enabled",
+def _torch_flag_table() -> tuple[tuple[str, Callable[[], Any], frozenset[str]], ...]:
+    """(label, getter, names code reads it by) of each torch setting in free_state's table
+    (See Note [torch's global flags dispatch reads])."""
+    settings = free_state._torch_settings()
+    cached = _FLAG_TABLES.get(id(settings))
+    if cached is None:
+        table = []
+        for module, label, get, _ in settings:
+            if module != "torch":
+                continue
+            keys = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", label)) - _FLAG_MODULE_WORDS
+            keys.add(getattr(get, "__name__", "<lambda>"))
+            for word, aliases in _FLAG_ALIASES.items():
+                if word in label:
+                    keys |= aliases
+            table.append((label, get, frozenset(keys - {"<lambda>", "partial"})))
+        _FLAG_TABLES.clear()
+        cached = _FLAG_TABLES[id(settings)] = (settings, tuple(table))
+    return cached[1]
+
+
+_FLAG_TABLES: dict[int, tuple[Any, tuple]] = {}
+
+
+def _owned_by_torch(value: Any) -> bool:
+    """A function, class or object of torch's own (not a module: see _guard_reached)."""
+    module = getattr(value, "__module__", None)
+    if not isinstance(module, str):
+        module = type(value).__module__
+    return isinstance(module, str) and module.split(".")[0] == "torch" and not isinstance(value, types.ModuleType)
+
+# the words of a setting's label that name a module, not the setting
+_FLAG_MODULE_WORDS = frozenset({
+    "backends", "cuda", "cudnn", "mkldnn", "mha", "nnpack", "quantized", "opt_einsum", "utils", "autograd",
+    "deterministic", "matmul", "generic", "all", "conv", "rnn", "set_flags",
 })
 
-
-def _torch_flags() -> tuple:
-    """torch's global numerics flags, as dispatch code may read them (a flag whose read
-    raises as the process stands, the legacy and new ``fp32_precision`` flags mixed, is
-    compared by its error)."""
-    b = torch.backends
-    cuda_matmul = getattr(getattr(b, "cuda", None), "matmul", None)
-    read = free_state._read
-    return (
-        read(torch.get_float32_matmul_precision), torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(), torch.get_default_dtype(),
-        b.mkldnn.enabled, b.cudnn.enabled, read(lambda: b.cudnn.allow_tf32), b.cudnn.benchmark, b.cudnn.deterministic,
-        read(lambda: getattr(cuda_matmul, "allow_tf32", None)),
-        read(lambda: getattr(cuda_matmul, "allow_fp16_reduced_precision_reduction", None)),
-        read(lambda: getattr(cuda_matmul, "allow_bf16_reduced_precision_reduction", None)),
-    )
+# names code reads a setting by besides its label's and its getter's
+_FLAG_ALIASES = {
+    "printoptions": frozenset({"PRINT_OPTS", "_PrintOptions", "get_printoptions", "_tensor_str", "printoptions"}),
+    "detect_anomaly": frozenset({"is_anomaly_enabled", "is_anomaly_check_nan_enabled", "detect_anomaly", "anomaly_mode"}),
+    "deterministic_algorithms": frozenset({"are_deterministic_algorithms_enabled", "is_deterministic_algorithms_warn_only_enabled"}),
+    "default_dtype": frozenset({"get_default_dtype"}),
+    "nnpack": frozenset({"nnpack", "_get_nnpack_enabled"}),
+    "fill_uninitialized_memory": frozenset({"fill_uninitialized_memory"}),
+    "fp32_precision": frozenset({"fp32_precision"}),
+}
 
 
 def _logger_state(logger: Any) -> tuple:

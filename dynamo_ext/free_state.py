@@ -1330,6 +1330,11 @@ def _generator_states() -> list[tuple[str, Any, Any]]:
 # touched.
 
 
+#: the getters of torch's anomaly mode, which AOTAutograd turns on while it traces (See Note
+#: [Anomaly mode while AOTAutograd traces] in aot_layer.py)
+ANOMALY_GETTERS = frozenset({"is_anomaly_enabled", "is_anomaly_check_nan_enabled"})
+
+
 def _torch_settings() -> tuple[tuple[str, str, Callable[[], Any], Callable[[Any], None]], ...]:
     """(module, name, get, put) of each process-wide setting the watch takes (See Note
     [Process-wide state dispatch sets]); built once per set of loaded modules."""

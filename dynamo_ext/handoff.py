@@ -49,6 +49,9 @@ class DynamoRecord:
     #: globals and closures, guarded by Dynamo; the AOTAutograd passes trace with them,
     #: so an AOTAutogradCache key covers them (aot_cache.py).
     free_reads: list[tuple[str, str, Any]] = dataclasses.field(default_factory=list)
+    #: dispatch code reads torch's anomaly mode, which AOTAutograd turns on while it traces
+    #: (See Note [Anomaly mode while AOTAutograd traces] in aot_layer.py)
+    reads_anomaly_mode: bool = False
 
 
 _RECORD: contextvars.ContextVar[DynamoRecord | None] = contextvars.ContextVar("dynamo_ext_record", default=None)
