@@ -1811,11 +1811,12 @@ def _torch_flag_table() -> tuple[tuple[str, Callable[[], Any], frozenset[str]], 
             if module != "torch":
                 continue
             keys = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", label)) - _FLAG_MODULE_WORDS
+            keys.add(label.split("(")[0].split(".")[-1])  # its own name (``cudnn.deterministic``)
             keys.add(getattr(get, "__name__", "<lambda>"))
             for word, aliases in _FLAG_ALIASES.items():
                 if word in label:
                     keys |= aliases
-            table.append((label, get, frozenset(keys - {"<lambda>", "partial"})))
+            table.append((label, get, frozenset(keys - {"<lambda>", "partial", "inner"})))  # a getter's generic names
         _FLAG_TABLES.clear()
         cached = _FLAG_TABLES[id(settings)] = (settings, tuple(table))
     return cached[1]
@@ -1831,7 +1832,8 @@ def _owned_by_torch(value: Any) -> bool:
         module = type(value).__module__
     return isinstance(module, str) and module.split(".")[0] == "torch" and not isinstance(value, types.ModuleType)
 
-# the words of a setting's label that name a module, not the setting
+
+# the words of a setting's label that name a module, not the setting (its last word is kept)
 _FLAG_MODULE_WORDS = frozenset({
     "backends", "cuda", "cudnn", "mkldnn", "mha", "nnpack", "quantized", "opt_einsum", "utils", "autograd",
     "deterministic", "matmul", "generic", "all", "conv", "rnn", "set_flags",
@@ -1841,7 +1843,10 @@ _FLAG_MODULE_WORDS = frozenset({
 _FLAG_ALIASES = {
     "printoptions": frozenset({"PRINT_OPTS", "_PrintOptions", "get_printoptions", "_tensor_str", "printoptions"}),
     "detect_anomaly": frozenset({"is_anomaly_enabled", "is_anomaly_check_nan_enabled", "detect_anomaly", "anomaly_mode"}),
-    "deterministic_algorithms": frozenset({"are_deterministic_algorithms_enabled", "is_deterministic_algorithms_warn_only_enabled"}),
+    "deterministic_algorithms": frozenset({
+        "are_deterministic_algorithms_enabled", "is_deterministic_algorithms_warn_only_enabled", "get_deterministic_debug_mode",
+    }),
+    "multithreading": frozenset({"is_multithreading_enabled"}),
     "default_dtype": frozenset({"get_default_dtype"}),
     "nnpack": frozenset({"nnpack", "_get_nnpack_enabled"}),
     "fill_uninitialized_memory": frozenset({"fill_uninitialized_memory"}),

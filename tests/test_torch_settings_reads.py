@@ -35,6 +35,7 @@ READ_BY = {
     "precision_imported": lambda: PRINT_OPTS.precision,
     "fill_memory": lambda: torch.utils.deterministic.fill_uninitialized_memory,
     "nnpack": lambda: torch._C._get_nnpack_enabled(),
+    "mkldnn_deterministic": lambda: torch.backends.mkldnn.deterministic,
 }
 GETTER = torch.is_anomaly_enabled
 
@@ -72,13 +73,15 @@ class Recorder(torch.Tensor):
 
 
 def _values(setting):
-    if setting.startswith("anomaly") or setting.startswith("warn_always") or setting in ("fill_memory", "nnpack"):
+    if setting.startswith("anomaly") or setting.startswith("warn_always") or setting in ("fill_memory", "nnpack", "mkldnn_deterministic"):
         base = {"anomaly": torch.is_anomaly_enabled, "warn_always": torch.is_warn_always_enabled}
         now = base.get(setting.split("_held")[0].split("_imported")[0], lambda: None)()
         if setting == "fill_memory":
             now = torch.utils.deterministic.fill_uninitialized_memory
         if setting == "nnpack":
             now = torch._C._get_nnpack_enabled()
+        if setting == "mkldnn_deterministic":
+            now = torch.backends.mkldnn.deterministic
         return [now, not now, now]
     now = torch._tensor_str.PRINT_OPTS.precision
     return [now, now + 2, now]
@@ -96,6 +99,10 @@ def _set(setting, value):
             yield
     elif setting == "nnpack":
         with torch.backends.nnpack.flags(enabled=value):
+            yield
+    elif setting == "mkldnn_deterministic":
+        mkldnn = torch.backends.mkldnn
+        with mkldnn.flags(enabled=mkldnn.enabled, deterministic=value, allow_tf32=mkldnn.allow_tf32):
             yield
     elif setting == "fill_memory":
         before = torch.utils.deterministic.fill_uninitialized_memory
@@ -134,7 +141,10 @@ def _run(f, setting):
 
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks"])
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("setting", ["anomaly", "anomaly_held", "warn_always", "warn_always_imported", "precision", "precision_imported", "fill_memory", "nnpack"])
+@pytest.mark.parametrize(
+    "setting",
+    ["anomaly", "anomaly_held", "warn_always", "warn_always_imported", "precision", "precision_imported", "fill_memory", "nnpack", "mkldnn_deterministic"],
+)
 def test_a_setting_dispatch_reads_changed_between_calls(setting, backend, fullgraph):
     torch._dynamo.reset()
     eager = _run(fn, setting)
