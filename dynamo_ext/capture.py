@@ -619,6 +619,10 @@ class SlotState(FlattenMismatch):
 #: base, hooks) and no Dynamo guard covers: a read from dispatch is answered from the real
 #: tensor, guarded, or refused (See Note [Autograd state dispatch reads] in dynamo_layer.py)
 AUTOGRAD_STATE_READS = frozenset({"grad", "_base", "_is_view", "_backward_hooks", "_post_accumulate_grad_hooks", "retains_grad"})
+#: where a tensor lies in its storage and how large that storage is (a shard of a flat
+#: buffer): no Dynamo guard covers them either (same Note)
+STORAGE_READS = frozenset({"storage_offset", "untyped_storage", "_typed_storage", "storage"})
+TENSOR_STATE_READS = AUTOGRAD_STATE_READS | STORAGE_READS
 
 _TENSOR_STATE_NAMES = frozenset({"requires_grad", "grad", "data"})
 #: methods that change a tensor's autograd state
@@ -1050,7 +1054,7 @@ class Scope:
                 t.on_read(t, name)
             return get(t.obj, name)
         if (
-            name in AUTOGRAD_STATE_READS and self.label == "dynamo" and isinstance(t.obj, torch.Tensor)
+            name in TENSOR_STATE_READS and self.label == "dynamo" and isinstance(t.obj, torch.Tensor)
             and isinstance(t.real, torch.Tensor) and _called_from_user(3)
         ):
             # See Note [Autograd state dispatch reads] (dynamo_layer.py)
@@ -2139,9 +2143,18 @@ def _make_version_hooks(cls: type, base: Callable[[str], Any]) -> dict[str, Any]
         return _missing(obj, name)
 
     hooks = {"_version": property(get_version), "__getattr__": __getattr__}
-    for name in AUTOGRAD_STATE_READS:
+    for name in TENSOR_STATE_READS:
         hooks[name] = _autograd_state_hook(cls, name)
     return hooks
+
+
+def stand_in_attribute(obj: Any, name: str) -> Any:
+    """``obj.name`` as the trace tensor's class defines it, past dynamo_ext's hooks."""
+    for klass in type(obj).__mro__:
+        value = _patches.original_attribute(klass, name)
+        if value is not _patches._MISSING:
+            return value.__get__(obj, type(obj)) if hasattr(value, "__get__") else value
+    raise AttributeError(name)
 
 
 def _autograd_state_hook(cls: type, name: str) -> property:

@@ -477,7 +477,7 @@ class FrameState:
             if ref is not None and ref.source is not None:
                 guards.version(ref.source, version)
             return version + capture.version_delta(t)
-        if name in capture.AUTOGRAD_STATE_READS:
+        if name in capture.TENSOR_STATE_READS:
             return self._answer_autograd_state(t, ref, real, name)
         held = t.traced_counterpart(name)
         if held is not MISSING:
@@ -549,6 +549,7 @@ class FrameState:
     def _answer_autograd_state(self, t: Tracked, ref: Ref | None, real: Any, name: str) -> Any:
         """Note [Autograd state dispatch reads]
         ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        (Where it lies in its storage, and the storage's size: _answer_storage_read.)
         A tensor's gradient, a view's base, its hooks and whether it retains its gradient are
         not the trace stand-in's to know, and no Dynamo guard covers them: dispatch recording
         ``self.had_grad = self.grad is not None`` (or ``self.elem._base is not None``,
@@ -561,6 +562,8 @@ class FrameState:
         (``unsupported_state_read``; ``fullgraph=False`` runs the op eagerly)."""
         if ref is None or ref.source is None:
             _refuse_read(t, name, real, "dispatch reads the autograd state of a tensor no graph input reaches")
+        if name in capture.STORAGE_READS:
+            return self._answer_storage_read(t, ref, real, name)
         if name == "retains_grad":
             # the stand-in retains none, in AOTAutograd's passes too: False guarded, True refused
             if real.retains_grad:
@@ -581,6 +584,23 @@ class FrameState:
         if name == "_is_view":
             return lambda: False
         return None
+
+    def _answer_storage_read(self, t: Tracked, ref: Ref, real: Any, name: str) -> Any:
+        """A tensor's ``storage_offset()`` and its storage's size (``untyped_storage().nbytes()``)
+        read by dispatch: the stand-in mirrors the real tensor's at compile time, and no Dynamo
+        guard covers them: a sharding wrapper handed another shard of one flat buffer, or an inner
+        tensor whose storage the user resized (FSDP's free and reallocate), had the first call's
+        answer replayed (an outside tester's find). Guarded on the real tensor's value (a
+        compile per value); a symbolic offset Dynamo made is carried as it is."""
+        method = capture.stand_in_attribute(t.obj, name)
+        if name == "storage_offset":
+            offset = real.storage_offset()
+            if type(method()) is int:
+                guards.lambda_(ref.source, lambda obj: obj.storage_offset() == offset, f".storage_offset() == {offset}")
+        else:
+            size = real.untyped_storage().nbytes()
+            guards.lambda_(ref.source, lambda obj: obj.untyped_storage().nbytes() == size, f".untyped_storage().nbytes() == {size}")
+        return method
 
     def _follow_held_code(self, source: Any, value: Any, t: Tracked, name: str) -> None:
         """Note [Code an attribute holds]
@@ -979,6 +999,10 @@ class FrameState:
         if _owned_by_torch(value):  # ``from torch import is_warn_always_enabled``, ``PRINT_OPTS``
             self._guard_torch_flags({getattr(value, "__name__", ""), type(value).__name__})
         clock = _answers_anew(value, uses.names(self.collector.names))
+        if isinstance(value, types.ModuleType) and value.__name__.split(".")[0] == "torch":
+            # ``torch.get_rng_state()``: torch's own modules are not walked (below)
+            state_reads = uses.names(self.collector.names) & _GENERATOR_STATE_METHODS
+            clock = f"torch.{sorted(state_reads)[0]}()" if state_reads else clock
         if clock:
             _refuse(
                 RefusalKind.UNSUPPORTED_STATE_READ, next(iter(self.scope.tracked.values())), name, clock,
@@ -1340,11 +1364,12 @@ class FrameState:
             if capture.sets_besides(t, w.name):
                 _refuse(
                     RefusalKind.OPAQUE_VALUE, t, w.name, type(w.value).__name__,
-                    f"{t.cls_name}'s own __setattr__ set {w.name!r}, and the replayed writes would "
-                    "run it a second time",
-                    hint=f"The value is not the problem: {t.cls_name}'s own __setattr__ sets {w.name!r} besides "
-                    "the attribute assigned, and replaying the assignment would run it again. Assign "
-                    f"{w.name!r} directly in dispatch instead.",
+                    f"{w.name!r} was set while {t.cls_name} handled another assignment (its own "
+                    "__setattr__, or a property's setter writing the instance dict), and replaying it "
+                    f"would run {t.cls_name}.__setattr__ a second time",
+                    hint=f"The value is not the problem: {w.name!r} is set besides the attribute assigned, on a "
+                    f"class with its own __setattr__, which replaying would run again. Assign {w.name!r} "
+                    "directly in dispatch instead.",
                 )
             if capture.under_a_descriptor(t, w.name):
                 _refuse(
@@ -1817,6 +1842,8 @@ def _torch_flag_table() -> tuple[tuple[str, Callable[[], Any], frozenset[str]], 
                 if word in label:
                     keys |= aliases
             table.append((label, get, frozenset(keys - {"<lambda>", "partial", "inner"})))  # a getter's generic names
+        # the seed, which only a reseed moves (a generator's state: _GENERATOR_STATE_METHODS)
+        table.append(("initial_seed", torch.initial_seed, frozenset({"initial_seed"})))
         _FLAG_TABLES.clear()
         cached = _FLAG_TABLES[id(settings)] = (settings, tuple(table))
     return cached[1]
@@ -1880,6 +1907,25 @@ _ANEW_FUNCTIONS = frozenset(
        ("secrets", "choice")]
 )
 _ANEW_METHODS = frozenset({"now", "utcnow", "today"})  # of datetime's classes
+# A random generator's state (``torch.get_rng_state()``, ``random.getstate()``, numpy's
+# ``get_state()``) moves on with every draw anywhere in the process: read by dispatch (a
+# dropout-replay fingerprint), it is refused as a clock is (an outside tester's find: replayed
+# as traced after the caller reseeded); a guard on it would fail at nearly every call. The
+# seed, which only a reseed moves, is guarded (``torch.initial_seed()``: _torch_flag_table).
+_GENERATOR_STATE_METHODS = frozenset({"getstate", "get_state", "get_rng_state", "graphsafe_get_state"})
+_ANEW_FUNCTIONS = _ANEW_FUNCTIONS | {
+    ("torch.random", "get_rng_state"), ("torch", "get_rng_state"), ("torch.random", "seed"), ("torch", "seed"),
+}
+
+
+def _is_random_generator(value: Any) -> bool:
+    """Python's, numpy's or torch's random generator object."""
+    import random
+
+    if isinstance(value, (random.Random, torch.Generator)):
+        return True
+    cls = type(value)
+    return cls.__module__.split(".")[0] == "numpy" and cls.__name__ in ("RandomState", "Generator")
 
 
 def _answers_anew(value: Any, names: set[str]) -> str:
@@ -1887,6 +1933,13 @@ def _answers_anew(value: Any, names: set[str]) -> str:
     that answers anew at every call; "" if none."""
     import datetime
 
+    owner = getattr(value, "__self__", None)
+    if isinstance(value, (types.MethodType, types.BuiltinMethodType)) and _is_random_generator(owner):
+        name = getattr(value, "__name__", "")
+        if name in _GENERATOR_STATE_METHODS:  # ``random.getstate()``, ``np.random.get_state()``
+            return f"{type(owner).__name__}.{name}()"
+    if _is_random_generator(value) and names & _GENERATOR_STATE_METHODS:  # ``torch.default_generator.get_state()``
+        return f"{type(value).__name__}.{sorted(names & _GENERATOR_STATE_METHODS)[0]}()"
     if isinstance(value, (types.BuiltinFunctionType, types.FunctionType)):
         module = getattr(value, "__module__", None) or ""
         if (module, getattr(value, "__name__", "")) in _ANEW_FUNCTIONS:
