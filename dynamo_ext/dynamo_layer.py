@@ -599,6 +599,12 @@ class FrameState:
                 guards.lambda_(ref.source, lambda obj: obj.storage_offset() == offset, f".storage_offset() == {offset}")
         else:
             size = real.untyped_storage().nbytes()
+            traced = capture.stand_in_attribute(t.obj, "untyped_storage")().nbytes()
+            if traced != size:  # torch 2.13 fakes a resized storage at the tensor's extent
+                _refuse_read(
+                    t, name, size, f"the trace stand-in's storage holds {traced} bytes where the real tensor's "
+                    f"holds {size}: the op would be traced with another storage size than eager's",
+                )
             guards.lambda_(ref.source, lambda obj: obj.untyped_storage().nbytes() == size, f".untyped_storage().nbytes() == {size}")
         return method
 
@@ -1854,7 +1860,10 @@ _FLAG_TABLES: dict[int, tuple[Any, tuple]] = {}
 
 def _owned_by_torch(value: Any) -> bool:
     """A function, class or object of torch's own (not a module: see _guard_reached)."""
-    module = getattr(value, "__module__", None)
+    try:
+        module = getattr(value, "__module__", None)
+    except Exception:  # noqa: BLE001 - an object's own __getattr__ (an EasyDict raises KeyError)
+        module = None
     if not isinstance(module, str):
         module = type(value).__module__
     return isinstance(module, str) and module.split(".")[0] == "torch" and not isinstance(value, types.ModuleType)
@@ -1933,9 +1942,9 @@ def _answers_anew(value: Any, names: set[str]) -> str:
     that answers anew at every call; "" if none."""
     import datetime
 
-    owner = getattr(value, "__self__", None)
-    if isinstance(value, (types.MethodType, types.BuiltinMethodType)) and _is_random_generator(owner):
-        name = getattr(value, "__name__", "")
+    # (``__self__`` of a method only: an object's own ``__getattr__`` may raise anything)
+    if isinstance(value, (types.MethodType, types.BuiltinMethodType)) and _is_random_generator(value.__self__):
+        owner, name = value.__self__, getattr(value, "__name__", "")
         if name in _GENERATOR_STATE_METHODS:  # ``random.getstate()``, ``np.random.get_state()``
             return f"{type(owner).__name__}.{name}()"
     if _is_random_generator(value) and names & _GENERATOR_STATE_METHODS:  # ``torch.default_generator.get_state()``

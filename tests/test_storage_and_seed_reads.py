@@ -114,13 +114,15 @@ def test_where_a_tensor_lies_in_its_storage(case, backend, fullgraph):
     eager = _run(fn, case)
     compiled = _run(torch.compile(fn, backend=backend, fullgraph=fullgraph), case)
     assert len({e[1] for e in eager}) > 1  # the caller's change shows in eager
-    if backend == "eager" or case == "offset_of_a_shard" or not fullgraph:
+    if case == "offset_of_a_shard" or not fullgraph:
         assert compiled == eager
     else:
-        # AOTAutograd's functional stand-ins answer otherwise for views and resized storage:
-        # a clean refusal where the passes disagree, nothing touched
+        # a stand-in with another storage than the real tensor's (a storage resized in place on
+        # torch 2.13; AOTAutograd's functional stand-in of a view): a clean refusal, nothing touched
         for c, e in zip(compiled, eager):
             assert c == e or c == ("refused", True, True), (compiled, eager)
+        if backend == "eager" and case != "storage_of_the_inner_tensor_resized":
+            assert compiled == eager
 
 
 class Seeded(Sharded):
