@@ -1672,6 +1672,28 @@ def _refuse_what_left_dispatch(exc: BaseException, scope: capture.Scope) -> None
     ) from exc
 
 
+def _refuse_what_left_backward_dispatch(exc: BaseException, planner: Planner) -> None:
+    """Note [An error in the traced backward eager never ran]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    AOTAutograd traces the backward with the forward where an input requires grad, whether or
+    not the caller ever calls ``backward()``: a forward-only class whose dispatch raises on the
+    backward's ops (``NotImplementedError`` past ``aten.mm``, ``args[1]`` on a one-argument op)
+    failed the compile, under ``fullgraph=False`` too, where eager raises nothing (an outside
+    tester's find, stock alike). What left user dispatch in the traced backward is a refusal
+    (``dispatch_raised``): under ``fullgraph=False`` the frame runs eagerly, where a backward
+    raises as eager's would."""
+    if isinstance(exc, SubclassWriteError):
+        return
+    for scope in reversed(planner._late):
+        left = capture.left_dispatch(exc, scope.raised)
+        if left is not None:
+            raise SubclassWriteError(
+                RefusalKind.DISPATCH_RAISED, next((t.cls_name for t in scope.tracked.values()), "traced backward"),
+                "<dispatch>", type(left).__name__,
+                context=f"{type(left).__name__} left dispatch in the traced backward ({str(left)[:200]!r})",
+            ) from exc
+
+
 def _global_autograd_state() -> tuple[int, bool, str | None, bool]:
     """Note [A pass that raised inside a functorch transform]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -2553,7 +2575,11 @@ def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             watch = _watch_classes(leaf for leaf in pytree.tree_leaves(a) if _is_subclass(leaf))  # the backward too
             try:
                 with watch.watching() as changes, _anomaly_reports_kept_unless_refused():
-                    out = _traced_joint(joint, a, kw)
+                    try:
+                        out = _traced_joint(joint, a, kw)
+                    except Exception as exc:  # noqa: BLE001 - re-raised, or as a refusal
+                        _refuse_what_left_backward_dispatch(exc, planner)
+                        raise
                 planner.refuse_reachable_writes()
                 planner.note_backward_free_state()
                 if changes:
