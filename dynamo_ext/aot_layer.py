@@ -1654,7 +1654,7 @@ def _made_by_dispatch(out: Any) -> dict[type, list[dict]]:
     return found
 
 
-def _refuse_what_left_dispatch(exc: BaseException, scope: capture.Scope) -> None:
+def _refuse_what_left_dispatch(exc: BaseException, scope: capture.Scope, where: str = "an AOTAutograd pass") -> None:
     """An exception left a dispatch call in an AOTAutograd pass where Dynamo's trace of the op
     did not raise (``self.elem.requires_grad = True`` on an inner tensor that is no leaf when
     AOTAutograd traces it; an outside tester's find): a refusal (``dispatch_raised``), not a
@@ -1668,7 +1668,7 @@ def _refuse_what_left_dispatch(exc: BaseException, scope: capture.Scope) -> None
     raise SubclassWriteError(
         RefusalKind.DISPATCH_RAISED, next((t.cls_name for t in scope.tracked.values()), "traced function"),
         "<dispatch>", type(left).__name__,
-        context=f"{type(left).__name__} left dispatch in an AOTAutograd pass ({str(left)[:200]!r})",
+        context=f"{type(left).__name__} left dispatch in {where} ({str(left)[:200]!r})",
     ) from exc
 
 
@@ -1682,16 +1682,8 @@ def _refuse_what_left_backward_dispatch(exc: BaseException, planner: Planner) ->
     tester's find, stock alike). What left user dispatch in the traced backward is a refusal
     (``dispatch_raised``): under ``fullgraph=False`` the frame runs eagerly, where a backward
     raises as eager's would."""
-    if isinstance(exc, SubclassWriteError):
-        return
     for scope in reversed(planner._late):
-        left = capture.left_dispatch(exc, scope.raised)
-        if left is not None:
-            raise SubclassWriteError(
-                RefusalKind.DISPATCH_RAISED, next((t.cls_name for t in scope.tracked.values()), "traced backward"),
-                "<dispatch>", type(left).__name__,
-                context=f"{type(left).__name__} left dispatch in the traced backward ({str(left)[:200]!r})",
-            ) from exc
+        _refuse_what_left_dispatch(exc, scope, "the traced backward")
 
 
 def _global_autograd_state() -> tuple[int, bool, str | None, bool]:
