@@ -122,6 +122,10 @@ class Planner:
         # (class, name): what the traced backward read on an incoming gradient as its flatten
         # ctx carries it (See Note [A gradient coerced to the traced metadata])
         self.tangent_ctx_reads: set[tuple[type, str]] = set()
+        # per traced tangent, the positions of the inputs whose gradients its output's
+        # autograd graph reaches, and the number of tensor inputs (See Note [A coerced
+        # gradient no wanted gradient depends on])
+        self.tangent_reach: tuple[tuple[frozenset[int] | None, ...], int] | None = None
         # a symbolic value's expression -> where its run-time value is: an input of the
         # graph or an extra output (See Note [A traced tangent ctx holding a symbolic value])
         self.symbol_sources: dict[Any, tuple[ValueFrom, int]] = {}
@@ -2156,6 +2160,7 @@ def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             state = args[0] if args else kwargs.get("aot_state")
             metas = getattr(getattr(state, "fw_metadata", None), "subclass_tangent_meta", None)
             _mark_tangent_metas(metas, planner.tangent_ctx_reads)
+            _mark_tangent_reach(metas, planner.tangent_reach)
             _note_tangent_symbols(metas, planner.symbol_sources, planner.call_symbols)
             capture_ = args[1] if len(args) > 1 else kwargs.get("aot_graph_capture")
             planner.joint_graph = getattr(getattr(capture_, "graph_module", None), "graph", None)
@@ -2227,6 +2232,116 @@ def _mark_tangent_metas(metas: Sequence[Any] | None, reads: set[tuple[type, str]
         names = by_class.get(_meta_class(m))
         if names:
             setattr(m, CTX_READS_ATTR, frozenset(names) | getattr(m, CTX_READS_ATTR, frozenset()))
+
+
+#: The attribute of an incoming gradient's SubclassCreationMeta (and of those nested in it)
+#: holding (the positions of the inputs whose gradients its output's autograd graph
+#: reaches, or None where not known; the number of tensor inputs).
+REACH_ATTR = "_dynamo_ext_reach"
+
+
+def _tangent_reach(primals: Sequence[Any], out: Any) -> tuple[tuple[frozenset[int] | None, ...], int] | None:
+    """Note [A coerced gradient no wanted gradient depends on]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A coercion that changes what the traced backward read is refused (See Note [A gradient
+    coerced to the traced metadata]), unless the coerced gradient feeds no gradient this
+    backward keeps. The incoming gradient of an output enters eager's backward at the
+    output's autograd node, and everything eager's backward computes from it (every value
+    dispatch makes of it, whatever data it uses: a ctx copied onto results, a branch) stays
+    in that node's graph, whose edges end at the inputs whose gradients it reaches. Where
+    none of those inputs' gradients is wanted (``backward(inputs=[w])``, ``autograd.grad``
+    of other inputs), eager's engine runs none of those nodes, and the compiled backward's
+    use of the coerced value ends in gradients the engine drops. So each traced tangent
+    gets, while the joint is traced, the inputs its output's autograd graph reaches (its
+    ``AccumulateGrad`` nodes, or the nodes AOTAutograd gave them: edges dispatch cannot
+    bypass, unlike data dependence in the traced graph); the check at run time asks the engine which of the compiled node's edges
+    it will run. Writes the backward makes are sorted by their own rule (See Note [A
+    backward run for part of the graph] in partial_backward.py). Not known (None, and
+    refused as before): an output reaching a leaf that is not an input of the joint, a graph larger than ``_REACH_LIMIT`` nodes.
+
+    ``primals``: the joint's inputs; ``out``: what its forward returned, ``(outs, tangent
+    mask)`` with or without descriptors."""
+    pair = out[0] if isinstance(out, tuple) and len(out) == 2 and _is_outs_and_mask(out[0]) else out
+    if not _is_outs_and_mask(pair):
+        return None
+    outs, mask = pair
+    tensors = [p for p in primals if isinstance(p, torch.Tensor)]
+    # a leaf input by its AccumulateGrad's tensor; one AOTAutograd made requiring grad
+    # (a subclass rebuilt from its inner tensors) by its own node
+    position: dict[Any, int] = {}
+    for k, p in enumerate(tensors):
+        if p.requires_grad:
+            position[p.grad_fn if p.grad_fn is not None else id(p)] = k
+    return tuple(_reached(o, position) for o, m in zip(outs, mask) if m), len(tensors)
+
+
+_REACH_LIMIT = 100_000
+
+
+def _is_outs_and_mask(value: Any) -> bool:
+    return (
+        isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], (list, tuple))
+        and isinstance(value[1], (list, tuple)) and len(value[0]) == len(value[1])
+        and all(isinstance(m, bool) for m in value[1])
+    )
+
+
+def _reached(out: Any, position: dict[Any, int]) -> frozenset[int] | None:
+    """The positions of the inputs whose gradients ``out``'s autograd graph reaches; None
+    where a leaf it reaches is not an input. ``position``: an input's node (or a leaf
+    input's id) -> its position."""
+    if not isinstance(out, torch.Tensor) or not out.requires_grad:
+        return frozenset()
+    start = out.grad_fn
+    if start is None:
+        return frozenset({position[id(out)]}) if id(out) in position else None
+    if start in position:
+        return frozenset({position[start]})
+    found: set[int] = set()
+    seen = {start}
+    stack = [start]
+    while stack:
+        if len(seen) > _REACH_LIMIT:
+            return None
+        for fn, _ in stack.pop().next_functions:
+            if fn is None or fn in seen:
+                continue
+            seen.add(fn)
+            if fn in position:
+                found.add(position[fn])
+            elif type(fn).__name__ == "AccumulateGrad":
+                k = position.get(id(fn.variable))
+                if k is None:
+                    return None
+                found.add(k)
+            else:
+                stack.append(fn)
+    return frozenset(found)
+
+
+def _mark_tangent_reach(metas: Sequence[Any] | None, reach: tuple[tuple[frozenset[int] | None, ...], int] | None) -> None:
+    """Each incoming gradient's creation meta (and those nested in it) gets what its
+    output's autograd graph reaches (See Note [A coerced gradient no wanted gradient
+    depends on]); nothing where the tangents do not match the metas one to one."""
+    if not metas or reach is None or len(reach[0]) != len(metas):
+        return
+    for m, positions in zip(metas, reach[0]):
+        for nested in _creation_metas([m]):
+            setattr(nested, REACH_ATTR, (positions, reach[1]))
+
+
+def _feeds_no_wanted_gradient(meta: Any) -> bool:
+    """The incoming gradient ``meta`` describes feeds no gradient the engine keeps in this
+    run of the compiled backward (See Note [A coerced gradient no wanted gradient depends
+    on])."""
+    positions, n_inputs = getattr(meta, REACH_ATTR, (None, 0))
+    if positions is None:
+        return False
+    node = torch._C._current_autograd_node()
+    nexts = getattr(node, "next_functions", None)
+    if nexts is None or len(nexts) != n_inputs or "CompiledFunction" not in type(node).__name__:
+        return False
+    return not any(partial_backward.will_run(nexts[k][0]) for k in positions)
 
 
 def _creation_metas(metas: Sequence[Any] | None) -> Iterator[Any]:
@@ -2422,6 +2537,8 @@ def make_process_tangent_hook(original: Callable[..., Any]) -> Callable[..., Any
         for name, value in before.items():
             now = capture.eager_lookup(coerced, name)[0]
             if not same_value(value, now):
+                if _feeds_no_wanted_gradient(meta):
+                    break  # See Note [A coerced gradient no wanted gradient depends on]
                 raise SubclassWriteError(
                     RefusalKind.CHANGED_BEFORE_BACKWARD, type(x).__name__, name, type(value).__name__,
                     f"the incoming gradient's flatten ctx ({x.__tensor_flatten__()[1]!r} on a {type(x).__name__}) is "
@@ -2554,6 +2671,7 @@ def make_create_joint_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def forward_half(*a: Any, **kw: Any) -> Any:
             out = fn(*a, **kw)
+            planner.tangent_reach = _tangent_reach(a, out)  # See Note [A coerced gradient no wanted gradient depends on]
             planner.watch_outputs(out)  # See Note [A write in the backward on an output]
             planner.open_late()  # See Note [Where the traced backward begins]
             return out

@@ -457,7 +457,8 @@ def analyse(
 # --------------------------------------------------------------------------- #
 
 
-def _wanted(fn: Any) -> bool:
+def will_run(fn: Any) -> bool:
+    """Whether the engine runs ``fn`` (an edge of the node running) in this backward."""
     if fn is None:
         return False
     try:
@@ -536,7 +537,7 @@ def decide(node: Any, parts: BackwardParts, grad_outputs: Sequence[Any]) -> Run:
                 raise _refuse(_CHANGING)
     if not parts.calls:
         return Run(frozenset(), nulled)
-    wanted = {j for j, (fn, _) in enumerate(nexts) if _wanted(fn)}
+    wanted = {j for j, (fn, _) in enumerate(nexts) if will_run(fn)}
     every_input = parts.gradients <= wanted
     if every_tangent and every_input:
         return WHOLE
@@ -661,7 +662,7 @@ def _coarse(node: Any, coarse: tuple[bool, bool, int], grad_outputs: Sequence[An
     needs_every_gradient, needs_every_input, n_tangents = coarse
     if needs_every_gradient and sum(g is not None for g in grad_outputs) < n_tangents:
         raise _refuse("an output of the compiled graph gets no gradient (eager's backward would not run its ops)")
-    if needs_every_input and not all(_wanted(fn) for fn, _ in node.next_functions if fn is not None):
+    if needs_every_input and not all(will_run(fn) for fn, _ in node.next_functions if fn is not None):
         raise _refuse(
             "the gradient of an input is not wanted (autograd.grad, backward(inputs=...)): "
             "eager's backward would not run the ops that compute it"
