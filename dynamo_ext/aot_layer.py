@@ -828,6 +828,9 @@ class Planner:
                 if isinstance(w.value, counters.CountedInt):
                     planned = PlannedWrite(where.index, where.path, w.name, ValueFrom.COUNTED, w.value.expr)
                     is_replayable = True
+                elif _symbolic_backward_write(self, w):
+                    planned = PlannedWrite(where.index, where.path, w.name, ValueFrom.SYMBOLIC, w.value, entry=w.old)
+                    is_replayable = True
                 else:
                     planned = PlannedWrite(where.index, where.path, w.name, ValueFrom.CONSTANT, w.value, entry=w.old)
                     is_replayable = classify(w.value) is ValueKind.CONSTANT and not w.in_place
@@ -1431,6 +1434,26 @@ def _watch_classes(objs: Any) -> free_state.ModuleWatch:
         watch.add_class(type(obj))
         watch.add(type(obj).__module__)
     return watch
+
+
+def _symbolic_backward_write(planner: Planner, w: Write) -> bool:
+    """Note [A backward write of a symbolic value]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    The backward writes an int it read or computed from one that is symbolic in this
+    compile: a float8-style weight's ``last_bwd_step = self.step``, where the forward bumps
+    ``step`` and Dynamo made it a dynamic int once it changed (an outside tester's find:
+    refused at the second call, where the first compile replayed the constant). Its value
+    in each call follows from the graph's symbolic inputs, sizes and extra outputs, as a
+    gradient's symbolic ctx does (See Note [A traced tangent ctx holding a symbolic
+    value]): the write is planned with the traced value, which the compiled backward
+    resolves with this call's values (``plan.Replay.arm_backward``; a value not found there
+    is refused before any gradient is accumulated). Only a value whose every symbolic leaf
+    can be found (a SymInt or SymFloat, alone or in a tuple, list, dict or ``torch.Size``)
+    and that is not also a tensor or a count; anything else is refused as before."""
+    value = w.value
+    if w.in_place or not contains_symbolic(value) or contains_tensor(value) or counters.holds_counted(value):
+        return False
+    return _note_symbols(value, planner.symbol_sources, planner.call_symbols)
 
 
 def _track_tangent(

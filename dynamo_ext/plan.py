@@ -40,6 +40,9 @@ class ValueFrom(enum.Enum):
     SIBLING = "sibling"  # value: (output index, path): an earlier place in the outputs holding the same tensor
     PACKED = "packed"  # value: (tuple type, ((ValueFrom, value), ...)): a torch.Size or tuple of symbolic ints
     SIZE = "size"  # value: (input position, dim): that input's size there
+    #: value: the traced value, holding symbolic ints resolved in each call (resolve_symbolic;
+    #: a backward write: See Note [A backward write of a symbolic value] in aot_layer.py)
+    SYMBOLIC = "symbolic"
 
 
 # The name of a write on an output that replaces the output itself (``ValueFrom.SIBLING``).
@@ -508,6 +511,14 @@ class Replay:
                 )
             if whole is not None:
                 this_run[0] = partial_backward.decide(node, whole, grad_outputs)
+            for w in writes:  # See Note [A backward write of a symbolic value] in aot_layer.py
+                if w.value_from is ValueFrom.SYMBOLIC and call_value(w) is MISSING:
+                    raise SubclassWriteError(
+                        RefusalKind.WRITE_IN_BACKWARD, holder_name((w.input_index, w.path, w.name)), w.name,
+                        type(w.value).__name__,
+                        context=f"the backward writes {w.value!r}, symbolic while traced, and its value in this "
+                        "call is not known",
+                    )
             for r in free:
                 if not r.holds():
                     current = r.now()
@@ -543,12 +554,17 @@ class Replay:
                         context=f"the compiled backward was traced where {d.expr} was {d.value!r}; now it is {got!r}",
                     )
 
+        def call_value(w: PlannedWrite) -> Any:
+            return resolve_symbolic(w.value, getattr(node, SYMBOL_VALUES_ATTR, None), read)
+
         def after_backward(grad_inputs: Any, grad_outputs: Any) -> None:
             skipped, shares = this_run[0].skipped, dict(this_run[0].shares)
             made = [w for w in writes if (w.input_index, w.path, w.name) not in skipped]
             values = [
                 counters.evaluate(shares.get((w.input_index, w.path, w.name), w.value), read)
-                if w.value_from is ValueFrom.COUNTED else w.value
+                if w.value_from is ValueFrom.COUNTED
+                else call_value(w) if w.value_from is ValueFrom.SYMBOLIC
+                else w.value
                 for w in made
             ]
             journal = _this_backward_journal()
@@ -614,7 +630,8 @@ class Replay:
                     setattr(target, name, value)
 
             node.register_hook(_not_traced(with_dispatch_state))  # after the gradients are rebuilt
-        if snapshot or decisions or free or counted or drops or (whole is not None and whole.may_refuse):
+        symbolic = any(w.value_from is ValueFrom.SYMBOLIC for w in writes)
+        if snapshot or decisions or free or counted or drops or symbolic or (whole is not None and whole.may_refuse):
             node.register_prehook(_not_traced(before_backward))
         def drop_undefined(grad_inputs: Any, grad_outputs: Any) -> Any:
             return partial_backward.drop(grad_inputs, this_run[0].nulled) if this_run[0].nulled else None
