@@ -146,7 +146,7 @@ class FrameState:
         self._tracked_seen: set[Any] = set()
         # objects reached from a graph input through attributes that dispatch wrote on:
         # (their variable, the names) (See Note [Writes on an object its holder rebinds])
-        self.nested_writes: dict[int, tuple[Any, set[str]]] = {}
+        self.nested_writes: dict[int, tuple[Any, set[str], list[bool]]] = {}
         # ints read from the ctx of a class with its own __metadata_guard__: (source, value)
         self.custom_ctx_reads: list[tuple[Any, int]] = []
 
@@ -199,14 +199,25 @@ class FrameState:
         rebind the attribute (``x.a = new``): in eager the write stays on the object ``x.a``
         was. The residual bytecode would load ``x.a`` again after the graph, when it may be
         the new object (under backend="eager" the graph runs dispatch, which rebinds it). The
-        object is loaded before the graph runs, and those writes are replayed on it."""
+        object is loaded before the graph runs, and those writes are replayed on it. That
+        holds for an object reached through a path dispatch took from an input (a nested
+        subclass) and for one whose own source runs through an attribute (``L['x'].a``, an
+        attribute outside the flatten list; a fuzz find: the new ``a`` got the old one's
+        count under backend="eager"); the latter only where the frame rebinds an attribute on
+        that source's way (its other writes stay as they were)."""
         from torch._dynamo.codegen import PyCodegen
         from torch._dynamo.source import LocalSource
         from torch._dynamo.variables.base import AttributeMutationExisting
 
         output = self.tx.output
         mutations = output.side_effects.store_attr_mutations
-        for vt, names in self.nested_writes.values():
+        rebound = {
+            f"{vt.source.name}.{name}" for vt, attrs in mutations.items() if getattr(vt, "source", None) is not None
+            for name in attrs
+        }
+        for vt, names, always in self.nested_writes.values():
+            if not always[0] and not _rebound_on_the_way(vt.source, rebound):
+                continue
             pending = mutations.get(vt, {})
             moved = [name for name in pending if name in names]
             if not moved:
@@ -1401,8 +1412,13 @@ class FrameState:
             log.debug("write recorded: %s.%s <- %s", where, w.name, type(w.value).__name__)
             tx.output.side_effects.store_attr(vt, w.name, value_vt)
             self.note_stored(vt, w.name, value_vt)
-            if ref.path and ref.source is not None:
-                self.nested_writes.setdefault(id(vt), (vt, set()))[1].add(w.name)
+            if ref.source is not None and (ref.path or _through_an_attribute(ref.source)):
+                # always where the path is dispatch's own; through an attribute Dynamo's source
+                # names only where the frame rebinds that attribute (Note [Writes on an
+                # object its holder rebinds])
+                entry = self.nested_writes.setdefault(id(vt), (vt, set(), [False]))
+                entry[1].add(w.name)
+                entry[2][0] = entry[2][0] or bool(ref.path)
             self.stored[(id(t.obj), w.name)] = value_vt
             if ref.source is not None:
                 from torch._dynamo.source import AttrSource
@@ -1632,6 +1648,28 @@ class FrameState:
                     items.append(ConstantVariable.create(v))
             return TupleVariable(items)
         return wrap_fx_proxy(self.tx, proxy)
+
+
+def _through_an_attribute(source: Any) -> bool:
+    """``source`` reaches its object through an attribute of another (``L['x'].a``)."""
+    from torch._dynamo.source import AttrSource, ChainedSource
+
+    while isinstance(source, ChainedSource):
+        if isinstance(source, AttrSource):
+            return True
+        source = source.base
+    return False
+
+
+def _rebound_on_the_way(source: Any, rebound: set[str]) -> bool:
+    """An attribute ``source`` runs through is among ``rebound`` (source names)."""
+    from torch._dynamo.source import AttrSource, ChainedSource
+
+    while isinstance(source, ChainedSource):
+        if isinstance(source, AttrSource) and source.name in rebound:
+            return True
+        source = source.base
+    return False
 
 
 @contextlib.contextmanager

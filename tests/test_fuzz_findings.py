@@ -722,6 +722,25 @@ FOUND = [
         " break_top=True, part='inputs')",
         "aot_eager",
     ),
+    # ``x.a`` set in the constructor, outside the flatten list: the mul's update multiplies
+    # the old ``x.a`` (its own mul counts ``hits`` on it, or bumps its ctx ``ops``) and
+    # rebinds ``x.a``. Under backend="eager" the count landed on the new ``x.a``: the write's
+    # object was Dynamo's source ``L['x'].a``, loaded after the graph, and only objects
+    # reached through dispatch's own path were taken before it (found on ``e20052a``, seed
+    # 49528; See Note [Writes on an object its holder rebinds]).
+    (
+        "Spec(writes=(Write(op='mul', kind='update', attr='a', in_ctx=False, grows_flatten=False),),"
+        " ctor=(('a', 'tensor'),), inner=Inner(ctx_op=None, dict_op='mul', dict_kind='counter'))",
+        "Program(n_inputs=1, steps=(('mul', 0, 0),), break_after=None, requires_grad=False, calls=2)",
+        "eager",
+    ),
+    (
+        "Spec(writes=(Write(op='add', kind='constant', attr='a', in_ctx=False, grows_flatten=False),"
+        " Write(op='mul', kind='update', attr='a', in_ctx=False, grows_flatten=False)),"
+        " ctor=(('a', 'tensor'),), inner=Inner(ctx_op='mul', dict_op=None, dict_kind='counter'))",
+        "Program(n_inputs=1, steps=(('mul', 0, 0),), break_after=None, requires_grad=False, calls=2)",
+        "eager",
+    ),
 ]
 
 
@@ -996,3 +1015,71 @@ def test_a_method_of_an_inner_subclass_held_outside_the_flatten_list(backend):
     program = Program(n_inputs=1, steps=(("add", 0, 0),), break_after=None, requires_grad=False, calls=2)
     torch._dynamo.reset()
     run_case(spec, program, backend)
+
+
+# ------------------------------------------------------------------ an attribute rebound after a write on its object
+
+
+class _Counts(S.WritingTensor):
+    """Each ``mul`` counts ``hits`` on its first argument."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        first = next((a for a in args if isinstance(a, cls)), None)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func is aten.mul.Tensor and first is not None:
+            first.hits = getattr(first, "hits", 0) + 1
+        return out
+
+
+class _Rebinds(S.WritingTensor):
+    """Holds a ``_Counts`` in ``a``, outside its flatten list; a ``mul`` with ``REBIND``
+    replaces ``a`` by ``a * 0.5 + 1`` (the old ``a`` counts that mul), without it only uses it."""
+
+    REBIND = True
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        first = next((a for a in args if isinstance(a, cls)), None)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func is aten.mul.Tensor and first is not None:
+            new = first.a * 0.5 + 1
+            if cls.REBIND:
+                first.a = new
+        return out
+
+
+class _Uses(_Rebinds):
+    REBIND = False
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cls", [_Rebinds, _Uses], ids=["rebinds", "uses"])
+@pytest.mark.parametrize("user_rebinds", [False, True])
+def test_a_count_on_an_attribute_the_op_or_the_program_rebinds(backend, cls, user_rebinds):
+    """The count stays on the object ``x.a`` was when the op counted on it, whoever rebinds
+    ``x.a`` after (dispatch, or the compiled function itself); the new ``x.a`` has none."""
+
+    def f(x):
+        y = x * x
+        if user_rebinds:
+            x.a = x.a * 1  # counted on the object x.a is now
+        return y + 1
+
+    def make():
+        x = cls(_Counts(torch.ones(2)))
+        x.a = _Counts(torch.full((2,), 3.0))
+        return x
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    for _ in range(2):
+        xe, xc = make(), make()
+        olds = xe.a, xc.a
+        f(xe)
+        compiled(xc)
+        assert_same_state(xe, xc)
+        assert_same_state(olds[0], olds[1])
+        # the op's count, and the program's where x.a was still that object
+        assert vars(olds[1]).get("hits") == vars(olds[0]).get("hits") == 1 + (user_rebinds and cls is _Uses)
+        assert ("hits" in vars(xc.a)) == ("hits" in vars(xe.a))
