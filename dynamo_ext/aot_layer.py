@@ -126,6 +126,8 @@ class Planner:
         # autograd graph reaches, and the number of tensor inputs (See Note [A coerced
         # gradient no wanted gradient depends on])
         self.tangent_reach: tuple[tuple[frozenset[int] | None, ...], int] | None = None
+        # See Note [A tensor the graph takes in but does not compute with] in plan.py
+        self.unlinked_inputs: tuple[int, ...] = ()
         # a symbolic value's expression -> where its run-time value is: an input of the
         # graph or an extra output (See Note [A traced tangent ctx holding a symbolic value])
         self.symbol_sources: dict[Any, tuple[ValueFrom, int]] = {}
@@ -1001,6 +1003,7 @@ class Planner:
             writes=tuple(self.writes or ()) + tuple(self.output_writes or ()),
             n_extra=self.n_extra,
             dispatch_made=self.dispatch_made,
+            unlinked_inputs=self.unlinked_inputs,
             backward_writes=tuple(
                 dataclasses.replace(w, value=counters.plain(w.value)) if w.value_from is ValueFrom.CONSTANT else w
                 for w in self.backward
@@ -2188,6 +2191,7 @@ def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             capture_ = args[1] if len(args) > 1 else kwargs.get("aot_graph_capture")
             planner.joint_graph = getattr(getattr(capture_, "graph_module", None), "graph", None)
             planner.fw_metadata = getattr(state, "fw_metadata", None)
+            planner.unlinked_inputs = _unlinked_inputs(planner.joint_graph)
             compiled, meta = original(*args, **kwargs)
             planner.guard_deferred()
             planner.plan_backward()
@@ -2207,6 +2211,29 @@ def make_stage2_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         return wrapped, meta
 
     return aot_stage2_compile
+
+
+def _unlinked_inputs(graph: Any) -> tuple[int, ...]:
+    """The flat input positions of a joint graph none of whose placeholders (a subclass's
+    inner tensors, sizes) any node uses (See Note [A tensor the graph takes in but does not
+    compute with] in plan.py); none where the placeholders carry no descriptors."""
+    if graph is None:
+        return ()
+    used: dict[int, bool] = {}
+    for n in graph.nodes:
+        if n.op != "placeholder":
+            continue
+        desc = n.meta.get("desc")
+        if desc is None:
+            return ()
+        base = partial_backward.base_desc(desc)
+        if type(base).__name__ == "TangentAOTInput":
+            continue
+        if type(base).__name__ != "PlainAOTInput":
+            used[-1] = True
+            continue
+        used[base.idx] = used.get(base.idx, False) or bool(n.users)
+    return tuple(sorted(i for i, u in used.items() if not u and i >= 0))
 
 
 def _without_plan(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -172,10 +172,14 @@ class _Unmapped(Exception):
     pass
 
 
-def _base(desc: Any) -> Any:
+def base_desc(desc: Any) -> Any:
+    """The descriptor of the input or output a subclass's part (inner tensor, size) belongs to."""
     while type(desc).__name__ in _SUBCLASS_PARTS:
         desc = desc.base
     return desc
+
+
+_base = base_desc
 
 
 def _metadata(desc: Any) -> bool:

@@ -167,12 +167,15 @@ class WritePlan:
     guarded: bool = True
     #: the outputs that are tensors dispatch made and wrote: See Note [A view dispatch writes]
     dispatch_made: tuple[int, ...] = ()
+    #: flat input positions the compiled graph does not compute with: See Note [A tensor the
+    #: graph takes in but does not compute with]
+    unlinked_inputs: tuple[int, ...] = ()
 
     @property
     def empty(self) -> bool:
         return (
             not self.writes and not self.backward_writes and not self.n_extra and not self.backward_armed
-            and not self.dispatch_made
+            and not self.dispatch_made and not self.unlinked_inputs
         )
 
     @property
@@ -451,6 +454,16 @@ class Replay:
             return
         inputs = list(inputs)
         writes, decisions = self.plan.backward_writes, self.plan.backward_decisions
+        if self.plan.unlinked_inputs:
+            # the backward's hooks keep what they read: not an input the graph does not compute
+            # with (a result kept from the previous call would keep every earlier one alive:
+            # See Note [A tensor the graph takes in but does not compute with])
+            referenced = {w.input_index for w in writes} | {k[0] for k, _ in self.plan.backward_checks}
+            referenced |= {k[0] for k in self._counted}
+            referenced |= {k[0] for d in decisions for k in counters.reads_in(d.expr)}
+            for i in self.plan.unlinked_inputs:
+                if i < len(inputs) and i not in referenced:
+                    inputs[i] = None
 
         def read(key: tuple) -> Any:
             index, path, name = key
@@ -650,8 +663,13 @@ class Replay:
         """The compiled callable AOTAutograd returns from its stage 2 (boxed: it takes one
         list of flat inputs, which it may clear)."""
 
+        unlinked = self.plan.unlinked_inputs
+
         def run_with_replay(args: list[Any]) -> Any:
             inputs = list(args)
+            for i in unlinked:  # See Note [A tensor the graph takes in but does not compute with]
+                if i < len(args) and isinstance(args[i], torch.Tensor) and args[i].grad_fn is not None:
+                    args[i] = _unlinked(args[i])
             return self(inputs, compiled(args))
 
         for attr in ("_boxed_call", "zero_grad"):
@@ -659,6 +677,36 @@ class Replay:
                 setattr(run_with_replay, attr, getattr(compiled, attr))
         run_with_replay.__wrapped__ = compiled  # type: ignore[attr-defined]
         return run_with_replay
+
+
+def _unlinked(t: torch.Tensor) -> torch.Tensor:
+    """Note [A tensor the graph takes in but does not compute with]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A tensor attribute dispatch reads (``prev = self.last``, or the whole instance dict: ``"keep"
+    in self.__dict__``) is made a graph input, so that the traced read finds it. Where the
+    traced graph does not compute with it, eager's autograd never links to it, while
+    AOTAutograd's compiled node takes every input requiring grad as an edge: a result kept
+    from an earlier call (``self.last = out``) linked each call's backward to the earlier
+    graph, which ``backward()`` had freed (an error eager does not raise), or, where that graph
+    was retained, ran its backward again, its hooks and dispatch's backward writes with it (an
+    outside tester's finds; stock loses the write). The graph's inputs no node of the joint
+    graph uses (stage 2) are handed to the compiled function, when they carry a ``grad_fn``,
+    as a stand-in that requires no grad: ``detach()`` for a plain tensor, a wrapper of the
+    same class, sizes and instance dict for a subclass (made without its constructor or its
+    dispatch, which eager never runs here). A leaf requiring grad is passed as it is: its
+    ``AccumulateGrad`` gets no gradient, as in eager. The replay keeps the real inputs."""
+    if type(t) in (torch.Tensor, torch.nn.Parameter):
+        return t.detach()
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(t) or t.layout is not torch.strided:
+        return t
+    r = torch.Tensor._make_wrapper_subclass(
+        type(t), t.size(), strides=t.stride(), storage_offset=t.storage_offset(), dtype=t.dtype,
+        device=t.device, layout=t.layout, requires_grad=False,
+    )
+    r.__dict__.update(t.__dict__)
+    return r
 
 
 def _saved_tensors_hooked() -> bool:
