@@ -701,11 +701,14 @@ def _unlinked(t: torch.Tensor) -> torch.Tensor:
 
     if not is_traceable_wrapper_subclass(t) or t.layout is not torch.strided:
         return t
-    r = torch.Tensor._make_wrapper_subclass(
-        type(t), t.size(), strides=t.stride(), storage_offset=t.storage_offset(), dtype=t.dtype,
-        device=t.device, layout=t.layout, requires_grad=False,
-    )
-    r.__dict__.update(t.__dict__)
+    try:
+        r = torch.Tensor._make_wrapper_subclass(
+            type(t), t.size(), strides=t.stride(), storage_offset=t.storage_offset(), dtype=t.dtype,
+            device=t.device, layout=t.layout, requires_grad=False,
+        )
+        r.__dict__.update(t.__dict__)
+    except (AttributeError, TypeError, RuntimeError):  # state in slots, another kind of tensor
+        return t
     return r
 
 
