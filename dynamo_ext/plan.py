@@ -20,6 +20,7 @@ import enum
 import functools
 import math
 import pickle
+import weakref
 from typing import Any, Callable, Sequence
 
 import torch
@@ -452,6 +453,10 @@ class Replay:
         node = _compiled_backward_node(out)
         if node is None:  # nothing requires grad: there will be no backward
             return
+        # the hooks below reach the node weakly: the node holds them, and a hook holding the
+        # node kept it, the inputs and the batch alive after the backward (an outside
+        # tester's find: one training step's tensors per compile, until torch._dynamo.reset())
+        node_ref = _weak(node)
         inputs = list(inputs)
         writes, decisions = self.plan.backward_writes, self.plan.backward_decisions
         if self.plan.unlinked_inputs:
@@ -523,7 +528,7 @@ class Replay:
                     "backward was traced with it off: dispatch reading grad mode would take another branch",
                 )
             if whole is not None:
-                this_run[0] = partial_backward.decide(node, whole, grad_outputs)
+                this_run[0] = partial_backward.decide(node_ref(), whole, grad_outputs)
             for w in writes:  # See Note [A backward write of a symbolic value] in aot_layer.py
                 if w.value_from is ValueFrom.SYMBOLIC and call_value(w) is MISSING:
                     raise SubclassWriteError(
@@ -568,7 +573,7 @@ class Replay:
                     )
 
         def call_value(w: PlannedWrite) -> Any:
-            return resolve_symbolic(w.value, getattr(node, SYMBOL_VALUES_ATTR, None), read)
+            return resolve_symbolic(w.value, getattr(node_ref(), SYMBOL_VALUES_ATTR, None), read)
 
         def after_backward(grad_inputs: Any, grad_outputs: Any) -> None:
             skipped, shares = this_run[0].skipped, dict(this_run[0].shares)
@@ -607,7 +612,7 @@ class Replay:
 
             def with_dispatch_state(grad_inputs: Any, grad_outputs: Any) -> None:
                 run = this_run[0]
-                values = getattr(node, SYMBOL_VALUES_ATTR, None)
+                values = getattr(node_ref(), SYMBOL_VALUES_ATTR, None)
                 todo = []
                 for index, cls, path, items in gradient_state:
                     grad = grad_inputs[index] if index < len(grad_inputs) else None
@@ -628,7 +633,7 @@ class Replay:
                             if value is MISSING:
                                 why = "the sizes dispatch left on a gradient are not known in this call"
                         elif how == "tensor":
-                            if not _gradient_seen(node, index):
+                            if not _gradient_seen(node_ref(), index):
                                 continue  # x.grad: autograd's detach of it, which dispatch tags again
                             why = (
                                 "dispatch left a tensor on a gradient the backward returns, which the compiled "
@@ -918,6 +923,15 @@ def _as_made(obj: Any, made: dict[str, Any]) -> Any:
         else:
             setattr(fresh, name, value)
     return fresh
+
+
+def _weak(node: Any) -> Callable[[], Any]:
+    """A weak reference to the node of an ``autograd.Function`` (AOTAutograd's compiled one),
+    which lives as long as its graph; a strong one to another node, whose Python object torch
+    may make anew on each access."""
+    if isinstance(node, torch.autograd.function.BackwardCFunction):
+        return weakref.ref(node)
+    return lambda: node
 
 
 def _compiled_backward_node(out: Any) -> Any:
