@@ -459,16 +459,6 @@ class Replay:
         node_ref = _weak(node)
         inputs = list(inputs)
         writes, decisions = self.plan.backward_writes, self.plan.backward_decisions
-        if self.plan.unlinked_inputs:
-            # the backward's hooks keep what they read: not an input the graph does not compute
-            # with (a result kept from the previous call would keep every earlier one alive:
-            # See Note [A tensor the graph takes in but does not compute with])
-            referenced = {w.input_index for w in writes} | {k[0] for k, _ in self.plan.backward_checks}
-            referenced |= {k[0] for k in self._counted}
-            referenced |= {k[0] for d in decisions for k in counters.reads_in(d.expr)}
-            for i in self.plan.unlinked_inputs:
-                if i < len(inputs) and i not in referenced:
-                    inputs[i] = None
 
         def read(key: tuple) -> Any:
             index, path, name = key
@@ -607,6 +597,17 @@ class Replay:
                 RefusalKind.WRITE_IN_BACKWARD, type(node).__name__, "<flatten ctx>", "gradient",
                 context="the gradients' ctx is rebuilt on the compiled backward's node, which these outputs do not reach",
             )
+        if self.plan.unlinked_inputs:
+            # The hooks keep what they read, not an input the graph does not compute with: a
+            # result kept from the previous call, whose own node's hooks kept the one before,
+            # and so on (See Note [A tensor the graph takes in but does not compute with]).
+            # This call's symbol values are taken by now.
+            referenced = {w.input_index for w in writes} | {k[0] for k, _ in self.plan.backward_checks}
+            referenced |= {k[0] for k in self._counted} | {k[0] for d in decisions for k in counters.reads_in(d.expr)}
+            for i in self.plan.unlinked_inputs:
+                held = inputs[i] if i < len(inputs) else None
+                if i not in referenced and isinstance(held, torch.Tensor) and held.grad_fn is not None:
+                    inputs[i] = None
         if self.plan.gradient_state:
             gradient_state = self.plan.gradient_state
 
