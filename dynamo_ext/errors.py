@@ -94,7 +94,7 @@ REFUSALS: dict[RefusalKind, Refusal] = {
         ),
         Refusal(
             RefusalKind.WRITE_IN_HOP,
-            "The write happened inside a higher-order op body (checkpoint, cond, map, ...).",
+            "A write inside a higher-order op body (checkpoint, an `autograd.Function`, cond, map, ...).",
             "Such bodies may run a different number of times than traced, so a write made there "
             "cannot be replayed once after the graph.",
             (
