@@ -2227,13 +2227,10 @@ def _unlinked_inputs(graph: Any) -> tuple[int, ...]:
         if desc is None:
             return ()
         base = partial_backward.base_desc(desc)
-        if type(base).__name__ == "TangentAOTInput":
-            continue
         if type(base).__name__ != "PlainAOTInput":
-            used[-1] = True
-            continue
+            continue  # a tangent, a lifted parameter, a synthetic base: never handed a stand-in
         used[base.idx] = used.get(base.idx, False) or bool(n.users)
-    return tuple(sorted(i for i, u in used.items() if not u and i >= 0))
+    return tuple(sorted(i for i, u in used.items() if not u))
 
 
 def _without_plan(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

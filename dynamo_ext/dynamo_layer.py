@@ -216,7 +216,7 @@ class FrameState:
             for name in attrs
         }
         for vt, names, always in self.nested_writes.values():
-            if not always[0] and not _rebound_on_the_way(vt.source, rebound):
+            if not always[0] and not rebound.intersection(_attributes_on_the_way(vt.source)):
                 continue
             pending = mutations.get(vt, {})
             moved = [name for name in pending if name in names]
@@ -1412,7 +1412,7 @@ class FrameState:
             log.debug("write recorded: %s.%s <- %s", where, w.name, type(w.value).__name__)
             tx.output.side_effects.store_attr(vt, w.name, value_vt)
             self.note_stored(vt, w.name, value_vt)
-            if ref.source is not None and (ref.path or _through_an_attribute(ref.source)):
+            if ref.source is not None and (ref.path or _attributes_on_the_way(ref.source)):
                 # always where the path is dispatch's own; through an attribute Dynamo's source
                 # names only where the frame rebinds that attribute (Note [Writes on an
                 # object its holder rebinds])
@@ -1650,26 +1650,16 @@ class FrameState:
         return wrap_fx_proxy(self.tx, proxy)
 
 
-def _through_an_attribute(source: Any) -> bool:
-    """``source`` reaches its object through an attribute of another (``L['x'].a``)."""
+def _attributes_on_the_way(source: Any) -> list[str]:
+    """The names of the attribute sources ``source`` runs through (``L['x'].a``), itself first."""
     from torch._dynamo.source import AttrSource, ChainedSource
 
+    names = []
     while isinstance(source, ChainedSource):
         if isinstance(source, AttrSource):
-            return True
+            names.append(source.name)
         source = source.base
-    return False
-
-
-def _rebound_on_the_way(source: Any, rebound: set[str]) -> bool:
-    """An attribute ``source`` runs through is among ``rebound`` (source names)."""
-    from torch._dynamo.source import AttrSource, ChainedSource
-
-    while isinstance(source, ChainedSource):
-        if isinstance(source, AttrSource) and source.name in rebound:
-            return True
-        source = source.base
-    return False
+    return names
 
 
 @contextlib.contextmanager

@@ -179,8 +179,6 @@ def base_desc(desc: Any) -> Any:
     return desc
 
 
-_base = base_desc
-
 
 def _metadata(desc: Any) -> bool:
     """A subclass gradient's size or stride (under dynamic shapes a SymInt the graph returns,
@@ -252,14 +250,14 @@ class _Joint:
         placeholders = [n for n in nodes if n.op == "placeholder"]
         if any(n.meta.get("desc") is None for n in placeholders):
             raise _Unmapped
-        tangent_nodes = [n for n in placeholders if type(_base(n.meta["desc"])).__name__ == "TangentAOTInput"]
+        tangent_nodes = [n for n in placeholders if type(base_desc(n.meta["desc"])).__name__ == "TangentAOTInput"]
         primals = [n for n in placeholders if n not in tangent_nodes]
 
         # inputs: the compiled node's arguments in order; next_functions has one per tensor
         bases: list[Any] = []
         tensors: set[Any] = set()
         for n in primals:
-            b = _base(n.meta["desc"])
+            b = base_desc(n.meta["desc"])
             if type(b).__name__ != "PlainAOTInput":
                 raise _Unmapped  # parameters lifted by AOTAutograd, synthetic bases, tokens
             if not bases or bases[-1] != b:
@@ -273,7 +271,7 @@ class _Joint:
         input_of = {b: k for k, b in enumerate(b for b in bases if b in tensors)}
         self.n_inputs = len(input_of)
         requires_grad = {input_of[b] for b in bases if b in tensors and meta.input_info[b.idx].requires_grad}
-        primal_bit = {n: 1 << input_of[_base(n.meta["desc"])] for n in primals if _base(n.meta["desc"]) in input_of}
+        primal_bit = {n: 1 << input_of[base_desc(n.meta["desc"])] for n in primals if base_desc(n.meta["desc"]) in input_of}
         primal_bit = {n: bit for n, bit in primal_bit.items() if bit.bit_length() - 1 in requires_grad}
 
         # outputs: mutated inputs, the user's outputs, intermediate bases
@@ -282,12 +280,12 @@ class _Joint:
         self.n_outputs = n_mutated + meta.num_outputs + meta.num_intermediate_bases
         self.tangent_of: dict[Any, int] = {}
         for t in tangent_nodes:
-            d = _base(_base(t.meta["desc"]).output)
+            d = base_desc(base_desc(t.meta["desc"]).output)
             kind = type(d).__name__
             if kind == "PlainAOTOutput":
                 self.tangent_of[t] = n_mutated + d.idx
-            elif kind == "InputMutationAOTOutput" and type(_base(d.mutated_input)).__name__ == "PlainAOTInput":
-                self.tangent_of[t] = mutated.index(_base(d.mutated_input).idx)
+            elif kind == "InputMutationAOTOutput" and type(base_desc(d.mutated_input)).__name__ == "PlainAOTInput":
+                self.tangent_of[t] = mutated.index(base_desc(d.mutated_input).idx)
             else:
                 raise _Unmapped  # an intermediate base
         self.unknown = 1 << self.n_outputs  # a group whose runs are not known
@@ -299,10 +297,10 @@ class _Joint:
             raise _Unmapped
         self.gradient_of: dict[Any, set[int]] = {}
         for leaf, desc in zip(leaves, descs):
-            d = _base(desc) if desc is not None else None
+            d = base_desc(desc) if desc is not None else None
             if type(d).__name__ != "GradAOTOutput" or not isinstance(leaf, torch.fx.Node) or _metadata(desc):
                 continue
-            pos = input_of.get(_base(d.grad_of))
+            pos = input_of.get(base_desc(d.grad_of))
             if pos is None:
                 raise _Unmapped
             self.gradient_of.setdefault(leaf, set()).add(pos)

@@ -329,6 +329,8 @@ class Replay:
         # What the backward's counts and decisions read: each must still be there when the
         # compiled backward runs (a statistic the user deleted between the forward and
         # backward(): eager's getattr default is not known here)
+        # See Note [A backward write of a symbolic value] in aot_layer.py
+        self._symbolic = any(w.value_from is ValueFrom.SYMBOLIC for w in plan.backward_writes)
         self._counted = list(dict.fromkeys(
             [k for w in plan.backward_writes if w.value_from is ValueFrom.COUNTED for k in counters.reads_in(w.value)]
             + [k for d in plan.backward_decisions for k in counters.reads_in(d.expr)]
@@ -603,7 +605,7 @@ class Replay:
             # and so on (See Note [A tensor the graph takes in but does not compute with]).
             # This call's symbol values are taken by now.
             referenced = {w.input_index for w in writes} | {k[0] for k, _ in self.plan.backward_checks}
-            referenced |= {k[0] for k in self._counted} | {k[0] for d in decisions for k in counters.reads_in(d.expr)}
+            referenced |= {k[0] for k in self._counted}  # the counts' and the decisions' reads
             for i in self.plan.unlinked_inputs:
                 held = inputs[i] if i < len(inputs) else None
                 if i not in referenced and isinstance(held, torch.Tensor) and held.grad_fn is not None:
@@ -649,8 +651,7 @@ class Replay:
                     setattr(target, name, value)
 
             node.register_hook(_not_traced(with_dispatch_state))  # after the gradients are rebuilt
-        symbolic = any(w.value_from is ValueFrom.SYMBOLIC for w in writes)
-        if snapshot or decisions or free or counted or drops or symbolic or (whole is not None and whole.may_refuse):
+        if snapshot or decisions or free or counted or drops or self._symbolic or (whole is not None and whole.may_refuse):
             node.register_prehook(_not_traced(before_backward))
         def drop_undefined(grad_inputs: Any, grad_outputs: Any) -> Any:
             return partial_backward.drop(grad_inputs, this_run[0].nulled) if this_run[0].nulled else None

@@ -24,11 +24,8 @@ BACKENDS = ["eager", "aot_eager"]
 TORCH_2_13 = torch.__version__.startswith("2.13.")
 
 
-class Keeps(torch.Tensor):
-    """Each ``mul`` keeps its result on its first argument when that holds ``keep``; with
-    ``BY_NAME`` it also records the previous result's sum, read by name."""
-
-    BY_NAME = False
+class _Wrapper(torch.Tensor):
+    """A wrapper subclass of one inner tensor, no ctx."""
 
     @staticmethod
     def __new__(cls, elem, requires_grad=False):
@@ -44,6 +41,13 @@ class Keeps(torch.Tensor):
     @classmethod
     def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
         return cls(inner["elem"])
+
+
+class Keeps(_Wrapper):
+    """Each ``mul`` keeps its result on its first argument when that holds ``keep``; with
+    ``BY_NAME`` it also records the previous result's sum, read by name."""
+
+    BY_NAME = False
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -155,24 +159,8 @@ def test_a_retained_earlier_graph_is_not_run_again(backend):
     torch.testing.assert_close(compiled[1], eager[1], rtol=0, atol=0)
 
 
-class Counts(torch.Tensor):
+class Counts(_Wrapper):
     """A weight counting the ops it is given (``calls``, where the caller set it)."""
-
-    @staticmethod
-    def __new__(cls, elem, requires_grad=False):
-        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, requires_grad=requires_grad)
-
-    def __init__(self, elem, requires_grad=False):
-        self.elem = elem
-
-    __torch_function__ = torch._C._disabled_torch_function_impl
-
-    def __tensor_flatten__(self):
-        return ["elem"], None
-
-    @classmethod
-    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
-        return cls(inner["elem"])
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
