@@ -179,7 +179,6 @@ def base_desc(desc: Any) -> Any:
     return desc
 
 
-
 def _metadata(desc: Any) -> bool:
     """A subclass gradient's size or stride (under dynamic shapes a SymInt the graph returns,
     often an input's own): not the gradient's data, and reached by no tangent."""

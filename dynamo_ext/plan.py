@@ -326,11 +326,11 @@ class Replay:
             (w.output_index, w.path, w.name, w.value_from, w.value) for w in plan.writes if w.output_index >= 0
         ]
         self._cut = plan.n_extra
+        # See Note [A backward write of a symbolic value] in aot_layer.py
+        self._symbolic = any(w.value_from is ValueFrom.SYMBOLIC for w in plan.backward_writes)
         # What the backward's counts and decisions read: each must still be there when the
         # compiled backward runs (a statistic the user deleted between the forward and
         # backward(): eager's getattr default is not known here)
-        # See Note [A backward write of a symbolic value] in aot_layer.py
-        self._symbolic = any(w.value_from is ValueFrom.SYMBOLIC for w in plan.backward_writes)
         self._counted = list(dict.fromkeys(
             [k for w in plan.backward_writes if w.value_from is ValueFrom.COUNTED for k in counters.reads_in(w.value)]
             + [k for d in plan.backward_decisions for k in counters.reads_in(d.expr)]
